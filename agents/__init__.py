@@ -1,0 +1,1 @@
+"""Agents: each folder plugs into gorila_jax through one builder."""

@@ -1,0 +1,105 @@
+"""DQN hyperparameters. Defaults are the project brief's Atari settings (DESIGN.md section 4)."""
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class DQNConfig:
+    """Double DQN with n-step returns and prioritized replay.
+
+    Attributes:
+      hidden_sizes: widths of the MLP torso's layers.
+      dueling: split the head into value and advantage streams (Wang et al., 2016).
+      discount: per-step discount gamma.
+      n_step: length of the n-step return written by actors.
+      learning_rate: peak Adam step size, decayed by a cosine schedule.
+      learning_rate_decay_steps: learner steps over which the cosine decays.
+      learning_rate_final_fraction: the schedule's floor, as a fraction of the peak.
+      adam_eps: Adam's epsilon.
+      max_grad_norm: global-norm clip applied before gradients are split.
+      huber_delta: the Huber loss's quadratic-to-linear point.
+      batch_size: global batch, split evenly over learner devices.
+      target_update_period: learner steps between target-network copies.
+      samples_per_insert: replay ratio the rate limiter holds (items sampled per item inserted).
+      min_replay_size: items in replay before the learner may sample.
+      max_replay_size: replay capacity; the oldest items leave first.
+      priority_exponent: PER alpha.
+      importance_exponent_start: PER beta at learner step 0, annealed linearly to 1.
+      importance_exponent_anneal_steps: learner steps over which beta reaches 1.
+      priority_epsilon: added to |TD error| so no item's priority is 0.
+      initial_priority: priority of newly written items.
+      epsilon_start: exploration epsilon at an actor's first env step.
+      epsilon_end: epsilon after `epsilon_decay_steps` env steps of that actor.
+      epsilon_decay_steps: env steps of one actor over which epsilon falls linearly.
+      epsilon_end_spread: actor i of N ends at epsilon_end * (1 - spread * i / (N - 1)),
+        so actors explore by different amounts (0 gives all actors the same epsilon).
+      eval_epsilon: epsilon of the greedy evaluation policy.
+    """
+
+    hidden_sizes: tuple[int, ...] = (512,)
+    dueling: bool = True
+    discount: float = 0.99
+    n_step: int = 3
+    learning_rate: float = 2.5e-4
+    learning_rate_decay_steps: int = 1_000_000
+    learning_rate_final_fraction: float = 0.0
+    adam_eps: float = 1.5e-4
+    max_grad_norm: float = 2.5
+    huber_delta: float = 1.0
+    batch_size: int = 512
+    target_update_period: int = 5000
+    samples_per_insert: float = 8.0
+    min_replay_size: int = 20_000
+    max_replay_size: int = 1_000_000
+    priority_exponent: float = 0.6
+    importance_exponent_start: float = 0.4
+    importance_exponent_anneal_steps: int = 1_000_000
+    priority_epsilon: float = 1e-6
+    initial_priority: float = 1.0
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.1
+    epsilon_decay_steps: int = 1_000_000
+    epsilon_end_spread: float = 0.0
+    eval_epsilon: float = 0.001
+
+    def validate(self, num_devices: int) -> None:
+        """Raises ValueError naming the first field whose value cannot work."""
+        positive = (
+            "n_step",
+            "learning_rate",
+            "learning_rate_decay_steps",
+            "batch_size",
+            "target_update_period",
+            "samples_per_insert",
+            "min_replay_size",
+            "max_replay_size",
+            "importance_exponent_anneal_steps",
+            "epsilon_decay_steps",
+            "initial_priority",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"config.{name} must be positive, got {getattr(self, name)}")
+        for name in (
+            "discount",
+            "epsilon_start",
+            "epsilon_end",
+            "eval_epsilon",
+            "importance_exponent_start",
+            "epsilon_end_spread",
+            "learning_rate_final_fraction",
+        ):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"config.{name} must lie in [0, 1], got {getattr(self, name)}")
+        if any(size <= 0 for size in self.hidden_sizes):
+            raise ValueError(f"config.hidden_sizes must be positive, got {self.hidden_sizes}")
+        if self.min_replay_size > self.max_replay_size:
+            raise ValueError(
+                f"config.min_replay_size={self.min_replay_size} exceeds "
+                f"config.max_replay_size={self.max_replay_size}"
+            )
+        if self.batch_size % num_devices:
+            raise ValueError(
+                f"config.batch_size={self.batch_size} must be divisible by the "
+                f"{num_devices} learner devices"
+            )

@@ -1,0 +1,146 @@
+"""How much an actor node loses on top of the three costs it cannot avoid.
+
+Measures, each alone and in this run:
+  (a) raw envpool stepping with vectorized random actions (same env, envs, threads);
+  (b) the bare jitted policy on observation batches of the same shape;
+  (c) inserting the same transitions into Reverb through the writer the actor uses;
+then (d) one actor node doing all three. Prints every rate and
+ratio = d * (1/a + 1/b + 1/c): the actor's rate over doing the three one after
+another (1.0 = no overhead; above 1 = the stages overlap). Last line: JSON.
+
+  python bench/actor_throughput.py --env=CartPole-v1
+  python bench/actor_throughput.py --env=Pong-v5 --num_envs=8
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import reverb  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from agents import dqn  # noqa: E402
+from gorila_jax import actor, envs, launchers, learner, program, replay, types, writers  # noqa: E402
+from launch import presets  # noqa: E402
+
+_ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
+_NUM_ENVS = flags.DEFINE_integer("num_envs", 8, "Envs in the actor's envpool.")
+_SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
+
+
+def _timed(fn, seconds: float, units_per_call: int) -> float:
+    """Units per second of calling `fn` repeatedly for about `seconds` (after a warm-up)."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return calls * units_per_call / (time.perf_counter() - start)
+
+
+def raw_envpool(spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
+    env = envs.make_env(spec.env_id, num_envs, seed=0, num_threads=1)
+    env.reset()
+    rng = np.random.default_rng(0)
+    step = lambda: env.step(rng.integers(0, spec.num_actions, num_envs).astype(np.int32))
+    rate = _timed(step, seconds, num_envs)
+    env.close()
+    return rate
+
+
+def bare_policy(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
+    params = jax.device_put(builder.init_train_state(jax.random.PRNGKey(0), spec).params)
+    policy = builder.make_policy(spec, 0, 1, evaluation=False)
+    obs = spec.zeros_observation(num_envs)
+    key = jax.random.PRNGKey(0)
+    return _timed(lambda: np.asarray(policy(params, obs, key, 0)), seconds, num_envs)
+
+
+def reverb_inserts(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
+    server = reverb.Server(builder.replay_tables(spec))
+    writer = writers.TransitionWriter(reverb.Client(f"localhost:{server.port}"), dqn.builder.TABLE)
+    obs = spec.zeros_observation(num_envs)
+    zeros = np.zeros(num_envs, np.float32)
+    batch = types.Transition(obs, np.zeros(num_envs, np.int32), zeros, zeros, obs)
+    rate = _timed(lambda: writer.write(batch, np.ones(num_envs)), seconds, num_envs)
+    writer.close()
+    server.stop()
+    return rate
+
+
+def actor_node(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
+    """One ActorNode with a real replay and learner; the learner never steps."""
+    graph = program.Program("actor-bench")
+    with graph.group("replay"):
+        replay_node = graph.add_node(
+            replay.ReplayNode, functools.partial(builder.replay_tables, spec)
+        )
+    with graph.group("learner"):
+        learner_node = graph.add_node(learner.LearnerNode, builder, spec, replay_node, None, 0)
+    with graph.group("actor"):
+        graph.add_node(
+            actor.ActorNode,
+            builder,
+            spec,
+            0,
+            1,
+            replay_node,
+            learner_node,
+            None,
+            0,
+            num_envs,
+            5,
+        )
+    graph.node("learner").disable_run()
+    with launchers.launch(graph, "local") as running:
+        client = running.client("actor")
+        while client.counters()["env_steps"] == 0:  # built, compiled, acting
+            time.sleep(0.1)
+        start_steps, start = client.counters()["env_steps"], time.perf_counter()
+        time.sleep(seconds)
+        return (client.counters()["env_steps"] - start_steps) / (time.perf_counter() - start)
+
+
+def main(argv):
+    del argv
+    spec = envs.env_spec(_ENV.value)
+    config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
+    # A table that never rate-limits within the measurement: all inserts stay in stage 1.
+    config = dataclasses.replace(config, min_replay_size=10**7, max_replay_size=10**7)
+    builder = dqn.DQNBuilder(config)
+    num_envs, seconds = _NUM_ENVS.value, _SECONDS.value
+    a = raw_envpool(spec, num_envs, seconds)
+    b = bare_policy(builder, spec, num_envs, seconds)
+    c = reverb_inserts(builder, spec, num_envs, seconds)
+    d = actor_node(builder, spec, num_envs, seconds)
+    ratio = d * (1 / a + 1 / b + 1 / c)
+    print(f"(a) raw envpool          {a:12,.0f} env steps/s")
+    print(f"(b) bare jitted policy   {b:12,.0f} observations/s")
+    print(f"(c) Reverb inserts       {c:12,.0f} transitions/s")
+    print(f"(d) actor node           {d:12,.0f} env steps/s")
+    print(f"ratio d*(1/a+1/b+1/c)    {ratio:12.2f}")
+    print(
+        json.dumps(
+            {
+                "bench": "actor_throughput",
+                "env": spec.env_id,
+                "num_envs": num_envs,
+                "raw_envpool_steps_per_s": a,
+                "policy_obs_per_s": b,
+                "reverb_inserts_per_s": c,
+                "actor_env_steps_per_s": d,
+                "ratio": ratio,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,132 @@
+"""How much the learner node loses on top of the update and the sampling it cannot avoid.
+
+Measures, each alone and in this run, at one batch size:
+  (a) the bare pmapped update on a batch already in device memory;
+  (b) Reverb dataset sampling of batches of that size, with prefetch;
+then (c) learner-node updates per second fed from a filled Reverb table,
+priority updates on. Prints all and ratio = c / min(a, b). Last line: JSON.
+
+  python bench/learner_throughput.py --env=CartPole-v1 --batch_size=256
+  python bench/learner_throughput.py --env=Pong-v5 --batch_size=256
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import reverb  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from agents import dqn  # noqa: E402
+from gorila_jax import builder as builder_lib  # noqa: E402
+from gorila_jax import envs, learner, parallel, replay, types, writers  # noqa: E402
+from launch import presets  # noqa: E402
+
+_ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
+_BATCH = flags.DEFINE_integer("batch_size", 256, "Learner batch.")
+_ITEMS = flags.DEFINE_integer("items", 20_000, "Transitions in the table.")
+_SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
+
+
+def _random_transitions(spec: types.EnvSpec, count: int, seed: int = 0) -> types.Transition:
+    rng = np.random.default_rng(seed)
+    if spec.observation_dtype == "uint8":
+        obs = rng.integers(0, 256, (count, *spec.observation_shape), dtype=np.uint8)
+    else:
+        obs = rng.normal(size=(count, *spec.observation_shape)).astype(spec.observation_dtype)
+    return types.Transition(
+        obs,
+        rng.integers(0, spec.num_actions, count).astype(np.int32),
+        rng.normal(size=count).astype(np.float32),
+        np.full(count, 0.97, np.float32),
+        np.roll(obs, 1, axis=0),
+    )
+
+
+def _rate(fn, seconds: float) -> float:
+    fn()
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        fn()
+        calls += 1
+    return calls / (time.perf_counter() - start)
+
+
+def bare_update(builder, spec, batch_size: int, seconds: float) -> float:
+    devices = jax.local_devices()
+    step_fn = learner.make_learner_step(builder.update_fns(spec), builder.actor_params)
+    step = parallel.pmap_step(step_fn, devices, out_axes=(0, 0, None))
+    data = _random_transitions(spec, batch_size, seed=1)
+    sampled = builder_lib.SampledBatch(
+        data, np.full(batch_size, 1.0 / batch_size), np.full(batch_size, batch_size)
+    )
+    batch = parallel.shard_to_devices(sampled, devices)
+    state = [parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), spec), devices)]
+
+    def one_update():
+        state[0], info, _ = step(state[0], batch)
+        jax.block_until_ready(info.metrics)
+
+    return _rate(one_update, seconds)
+
+
+def main(argv):
+    del argv
+    spec = envs.env_spec(_ENV.value)
+    config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
+    config = dataclasses.replace(
+        config, batch_size=_BATCH.value, min_replay_size=1, max_replay_size=_ITEMS.value
+    )
+    builder = dqn.DQNBuilder(config)
+    # A table without the samples-per-insert limit: we measure the learner, not the ratio.
+    table = builder.replay_tables(spec)[0].replace(rate_limiter=reverb.rate_limiters.MinSize(1))
+    server = reverb.Server([table])
+    address = f"localhost:{server.port}"
+    writer = writers.TransitionWriter(reverb.Client(address), dqn.builder.TABLE)
+    for start in range(0, _ITEMS.value, 1000):
+        count = min(1000, _ITEMS.value - start)
+        writer.write(_random_transitions(spec, count, seed=start), np.ones(count))
+    writer.flush()
+
+    a = bare_update(builder, spec, _BATCH.value, _SECONDS.value)
+    batches = replay.batches(address, dqn.builder.TABLE, _BATCH.value)
+    b = _rate(lambda: next(batches), _SECONDS.value)
+    replay_handle = type("Replay", (), {"address": lambda self: address})()
+    node = learner.LearnerNode(builder, spec, replay_handle, None, seed=0)
+    c = _rate(functools.partial(node.step, timeout=60.0), _SECONDS.value)
+    node.stop()
+    node.close()
+    ratio = c / min(a, b)
+    print(
+        f"(a) bare update          {a:10,.1f} updates/s (batch {_BATCH.value}, "
+        f"{jax.local_device_count()} device(s))"
+    )
+    print(f"(b) Reverb sampling      {b:10,.1f} batches/s")
+    print(f"(c) learner node         {c:10,.1f} updates/s (priority updates on)")
+    print(f"ratio c/min(a,b)         {ratio:10.2f}")
+    print(
+        json.dumps(
+            {
+                "bench": "learner_throughput",
+                "env": spec.env_id,
+                "batch_size": _BATCH.value,
+                "devices": jax.local_device_count(),
+                "bare_updates_per_s": a,
+                "sampled_batches_per_s": b,
+                "learner_updates_per_s": c,
+                "ratio": ratio,
+            }
+        )
+    )
+    server.stop()
+
+
+if __name__ == "__main__":
+    app.run(main)

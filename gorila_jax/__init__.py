@@ -1,0 +1,1 @@
+"""gorila-jax: the distributed skeleton (program graph, launchers, actor, replay, learner)."""

@@ -1,0 +1,146 @@
+"""The actor node: an envpool vector env, a jitted policy on a local parameter copy, an adder."""
+
+import concurrent.futures
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import reverb
+
+from gorila_jax import builder as builder_lib
+from gorila_jax import envs, program, types, writers
+
+
+class EpisodeTracker:
+    """Running returns and lengths of E envs; collects those of finished episodes."""
+
+    def __init__(self, num_envs: int):
+        self._returns = np.zeros(num_envs, np.float64)
+        self._lengths = np.zeros(num_envs, np.int64)
+        self.finished_returns: list[float] = []
+        self.episodes = 0
+
+    def update(self, reward, ended, valid) -> None:
+        self._returns += np.where(valid, reward, 0.0)
+        self._lengths += valid
+        if ended.any():
+            self.finished_returns.extend(self._returns[ended].tolist())
+            self.episodes += int(ended.sum())
+            self._returns[ended] = 0.0
+            self._lengths[ended] = 0
+
+    def take_returns(self) -> list[float]:
+        returns, self.finished_returns = self.finished_returns, []
+        return returns
+
+
+class ActorNode(program.Worker):
+    """Acts in `num_envs` envpool envs and writes what it sees to replay.
+
+    Parameters are pulled from the learner every `param_pull_interval` actor
+    steps (one step = one vectorized env step) as a future: acting goes on
+    with the old parameters until the new ones arrive.
+
+    Args:
+      builder: the agent.
+      spec: the environment's spec.
+      actor_index: this actor's index; keys and env seeds derive from it.
+      num_actors: how many actors the program has (for per-actor exploration).
+      replay_client, learner, monitor: clients of those nodes (monitor may be None).
+      seed: root seed of the experiment.
+      num_envs: envs in this actor's envpool.
+      param_pull_interval: actor steps between parameter requests.
+      report_interval_s: how often counters and episode returns go to the monitor.
+      max_env_steps: stop after this many env steps (0: run until stopped).
+    """
+
+    def __init__(
+        self,
+        builder: builder_lib.AgentBuilder,
+        spec: types.EnvSpec,
+        actor_index: int,
+        num_actors: int,
+        replay_client: program.Client,
+        learner: program.Client,
+        monitor: program.Client | None,
+        seed: int,
+        num_envs: int,
+        param_pull_interval: int,
+        report_interval_s: float = 1.0,
+        max_env_steps: int = 0,
+    ):
+        super().__init__()
+        self.name = f"actor/{actor_index}"
+        self._builder, self._spec = builder, spec
+        self._learner, self._monitor = learner, monitor
+        self._num_envs, self._pull_interval = num_envs, param_pull_interval
+        self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps
+        # fold_in by index: adding actors never changes the streams of existing ones.
+        self._key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
+        self._env_seed = int(jax.random.randint(self._key, (), 0, 2**31 - 1))
+        self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
+        self._replay_address = replay_client.address()
+        self.env_steps = 0
+        self.param_version = -1
+        self.episodes = EpisodeTracker(num_envs)
+
+    def run(self) -> None:
+        env = envs.make_env(self._spec.env_id, self._num_envs, seed=self._env_seed, num_threads=1)
+        adder = self._builder.make_adder(
+            reverb.Client(self._replay_address), self._spec, self._num_envs, self._stop_event
+        )
+        self.param_version, params = self._learner.get_params()
+        params = jax.device_put(params)
+        pending: concurrent.futures.Future | None = None
+        obs, _ = env.reset()
+        valid = np.ones(self._num_envs, bool)
+        last_report, actor_step = time.monotonic(), 0
+        try:
+            while not self.stopping and not self._budget_spent():
+                if pending is None and actor_step % self._pull_interval == 0:
+                    pending = self._learner.futures.get_params(self.param_version)
+                if pending is not None and pending.done():
+                    params = self._take_params(pending.result(), params)
+                    pending = None
+                action = np.asarray(self._policy(params, obs, self._key, self.env_steps))
+                next_obs, reward, terminated, truncated, _ = env.step(action)
+                ended = valid & (terminated | truncated)
+                adder.add(
+                    types.EnvStep(obs, action, reward, terminated, truncated, next_obs, valid)
+                )
+                self.episodes.update(reward, ended, valid)
+                self.env_steps += int(valid.sum())
+                valid, obs, actor_step = ~ended, next_obs, actor_step + 1
+                if time.monotonic() - last_report >= self._report_interval_s:
+                    self._report()
+                    last_report = time.monotonic()
+        except writers.Stopped:
+            pass  # the rate limiter held our inserts while we were asked to stop
+        finally:
+            self._report()
+            adder.close()
+            env.close()
+
+    def _budget_spent(self) -> bool:
+        return 0 < self._max_env_steps <= self.env_steps
+
+    def _take_params(self, answer: tuple[int, Any] | None, params: Any) -> Any:
+        if answer is None:  # the learner had nothing newer
+            return params
+        self.param_version, new_params = answer
+        return jax.device_put(new_params)
+
+    def counters(self) -> dict[str, int]:
+        """Env steps, finished episodes and the parameter version acted with."""
+        return {
+            "env_steps": self.env_steps,
+            "episodes": self.episodes.episodes,
+            "param_version": self.param_version,
+        }
+
+    def _report(self) -> None:
+        if self._monitor is not None:
+            self._monitor.futures.report(
+                self.name, self.counters(), episode_returns=self.episodes.take_returns()
+            )

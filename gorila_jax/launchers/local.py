@@ -1,0 +1,120 @@
+"""The `local` launcher: every node in this process, one thread per node.
+
+For debugging (a breakpoint stops the whole program in one place) and for fast
+tests. Each node is built in its own thread, so a constructor that calls
+another node waits for that node instead of depending on construction order.
+"""
+
+import concurrent.futures
+import logging
+import threading
+import traceback
+from typing import Any
+
+from gorila_jax import program as program_lib
+from gorila_jax.launchers import base
+
+_CONSTRUCT_TIMEOUT_S = 600.0
+_JOIN_TIMEOUT_S = 60.0
+
+
+class _Slot:
+    """One node's object and life-cycle state, shared by its thread and its clients."""
+
+    def __init__(self, spec: program_lib.NodeSpec):
+        self.spec = spec
+        self.node: Any = None
+        self.error: str | None = None
+        self.built = threading.Event()
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def get(self) -> Any:
+        if not self.built.wait(_CONSTRUCT_TIMEOUT_S):
+            raise TimeoutError(
+                f"node {self.spec.name} was not built within {_CONSTRUCT_TIMEOUT_S}s"
+            )
+        if self.node is None:
+            raise program_lib.NodeError(self.spec.name, self.error or "not built")
+        return self.node
+
+
+class LocalClient(program_lib.Client):
+    def __init__(self, slot: _Slot, executor: concurrent.futures.Executor):
+        super().__init__(slot.spec.name)
+        self._slot = slot
+        self._executor = executor
+
+    def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        return getattr(self._slot.get(), method)(*args, **kwargs)
+
+    def _submit(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+        return self._executor.submit(self._call, method, args, kwargs)
+
+
+class LocalProgram(base.RunningProgram):
+    def __init__(self, program: program_lib.Program):
+        super().__init__(program)
+        self._executor = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="client")
+        self._slots = {spec.name: _Slot(spec) for spec in program.nodes}
+        self._stopped = False
+        for slot in self._slots.values():
+            slot.thread = threading.Thread(
+                target=self._node_main, args=(slot,), name=slot.spec.name, daemon=True
+            )
+            slot.thread.start()
+
+    def _node_main(self, slot: _Slot) -> None:
+        spec = slot.spec
+        try:
+            resolve = lambda handle: self.client(handle.name)  # noqa: E731
+            args = program_lib.map_handles(resolve, spec.args)
+            kwargs = program_lib.map_handles(resolve, spec.kwargs)
+            slot.node = spec.constructor(*args, **kwargs)
+        except BaseException:  # noqa: BLE001  reported through wait()/check()
+            slot.error = traceback.format_exc()
+            slot.built.set()
+            slot.done.set()
+            return
+        slot.built.set()
+        try:
+            if spec.run_enabled and hasattr(slot.node, "run") and not self._stopped:
+                slot.node.run()
+        except BaseException:  # noqa: BLE001
+            slot.error = traceback.format_exc()
+        finally:
+            slot.done.set()
+
+    def client(self, name: str) -> LocalClient:
+        return LocalClient(self._slots[self.program.resolve_name(name)], self._executor)
+
+    def finished(self) -> bool:
+        for slot in self._slots.values():
+            if slot.error is not None:
+                raise program_lib.NodeError(slot.spec.name, slot.error)
+        return all(slot.done.is_set() for slot in self._slots.values())
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for slot in self._slots.values():
+            if slot.built.is_set() and hasattr(slot.node, "stop"):
+                slot.node.stop()
+        for slot in self._slots.values():
+            slot.thread.join(_JOIN_TIMEOUT_S)
+            if slot.thread.is_alive():
+                logging.warning("node %s did not stop within %ss", slot.spec.name, _JOIN_TIMEOUT_S)
+        # Close in reverse order so that servers outlive the clients built after them.
+        for slot in reversed(list(self._slots.values())):
+            if slot.node is not None and hasattr(slot.node, "close"):
+                try:
+                    slot.node.close()
+                except Exception:  # noqa: BLE001  one bad close must not leak the rest
+                    logging.exception("closing node %s failed", slot.spec.name)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def launch(program: program_lib.Program) -> LocalProgram:
+    """Starts every node of `program` in this process."""
+    return LocalProgram(program)

@@ -1,0 +1,73 @@
+"""Data-parallel helpers for the learner: one axis name, one sharding rule.
+
+Only this module adds or removes the leading device axis; agents call `pmean`
+and `pmax` inside their per-device functions and never name the axis.
+"""
+
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+DATA_AXIS = "data"
+
+
+def pmean(tree: Any) -> Any:
+    """Averages `tree` over learner devices; call only inside a pmapped step."""
+    return jax.lax.pmean(tree, axis_name=DATA_AXIS)
+
+
+def pmax(tree: Any) -> Any:
+    """Maximum of `tree` over learner devices; call only inside a pmapped step."""
+    return jax.lax.pmax(tree, axis_name=DATA_AXIS)
+
+
+def shard(batch: Any, num_devices: int) -> Any:
+    """Reshapes every leaf from [B, ...] to [D, B/D, ...] on the host.
+
+    Raises:
+      ValueError: if B is not divisible by the number of devices.
+    """
+
+    def split(x):
+        x = np.asarray(x)
+        if x.shape[0] % num_devices:
+            raise ValueError(
+                f"batch of {x.shape[0]} does not split over {num_devices} learner devices"
+            )
+        return x.reshape((num_devices, x.shape[0] // num_devices) + x.shape[1:])
+
+    return jax.tree.map(split, batch)
+
+
+def shard_to_devices(batch: Any, devices: Sequence[jax.Device]) -> Any:
+    """`shard` on the host, then each [B/D, ...] slice copied to its device."""
+    sharded = shard(batch, len(devices))  # [D, B/D, ...]
+    return jax.tree.map(lambda x: jax.device_put_sharded(list(x), list(devices)), sharded)
+
+
+def unshard(tree: Any) -> Any:
+    """Inverse of `shard`: [D, B/D, ...] -> [B, ...]."""
+    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
+
+
+def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
+    """Puts one copy of `tree` on each device, with a leading device axis."""
+    return jax.device_put_replicated(tree, list(devices))
+
+
+def unreplicate(tree: Any) -> Any:
+    """Takes the first device's copy of replicated state (still on device)."""
+    return jax.tree.map(lambda x: x[0], tree)
+
+
+def pmap_step(step_fn: Callable, devices: Sequence[jax.Device], out_axes: Any = 0) -> Callable:
+    """Compiles a per-device `(state, batch) -> outputs` step; donates the state.
+
+    `out_axes=None` for an output marks it identical on every device (for
+    example parameters after a pmean-ed update): it comes back without the
+    device axis.
+    """
+    return jax.pmap(
+        step_fn, axis_name=DATA_AXIS, devices=list(devices), donate_argnums=0, out_axes=out_axes
+    )

@@ -1,0 +1,197 @@
+"""The program graph (Launchpad's model): named nodes in groups, wired by handles.
+
+A node is a constructor plus arguments. An argument may be the `Handle` of
+another node; a launcher replaces it with a working `Client` of that node
+before the constructor runs, wherever the node runs (a thread, a Ray actor).
+The same `Program` object runs unchanged under every launcher.
+
+Node contract, all optional except the constructor:
+  run()   the node's main loop; the launcher calls it once in its own thread.
+  stop()  asks `run` to return soon; `Worker` below implements it.
+  close() releases what the node holds (servers, environments) after `run`.
+Any other public method can be called through a client.
+"""
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Callable, Iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """What one node of a group asks of the cluster (Ray logical resources)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+    def __post_init__(self):
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError(f"resources must be non-negative, got {self}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """A reference to a node, passed as an argument to other nodes."""
+
+    name: str  # "group/index"
+
+
+@dataclasses.dataclass
+class NodeSpec:
+    """One node of the graph: where it sits and how to build it."""
+
+    name: str
+    group: str
+    constructor: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    run_enabled: bool = True
+
+    def disable_run(self) -> None:
+        """Builds the node but never calls its `run`; tests drive it by hand."""
+        self.run_enabled = False
+
+    def dependencies(self) -> set[str]:
+        """Names of the nodes whose handles this node receives."""
+        found: set[str] = set()
+        map_handles(lambda h: found.add(h.name), (self.args, self.kwargs))
+        return found
+
+
+class Program:
+    """A graph of named nodes in groups."""
+
+    def __init__(self, name: str = "gorila"):
+        self.name = name
+        self._nodes: dict[str, NodeSpec] = {}
+        self._resources: dict[str, Resources] = {}
+        self._group: str | None = None
+
+    @contextlib.contextmanager
+    def group(self, name: str, resources: Resources | None = None) -> Iterator[None]:
+        """Nodes added inside this block belong to group `name`."""
+        if self._group is not None:
+            raise ValueError(f"groups do not nest: '{name}' opened inside '{self._group}'")
+        if "/" in name:
+            raise ValueError(f"group name may not contain '/': {name!r}")
+        if resources is not None:
+            self._resources[name] = resources
+        self._group = name
+        try:
+            yield
+        finally:
+            self._group = None
+
+    def add_node(self, constructor: Callable[..., Any], *args, **kwargs) -> Handle:
+        """Adds a node to the current group and returns its handle."""
+        if self._group is None:
+            raise ValueError("add_node must be called inside `with program.group(name):`")
+        index = len(self.groups.get(self._group, []))
+        spec = NodeSpec(f"{self._group}/{index}", self._group, constructor, args, kwargs)
+        self._nodes[spec.name] = spec
+        return Handle(spec.name)
+
+    @property
+    def nodes(self) -> list[NodeSpec]:
+        return list(self._nodes.values())
+
+    @property
+    def groups(self) -> dict[str, list[NodeSpec]]:
+        out: dict[str, list[NodeSpec]] = {}
+        for spec in self._nodes.values():
+            out.setdefault(spec.group, []).append(spec)
+        return out
+
+    def node(self, name: str) -> NodeSpec:
+        """The node called `name`; a group with a single node may be named alone."""
+        return self._nodes[self.resolve_name(name)]
+
+    def resolve_name(self, name: str) -> str:
+        if name in self._nodes:
+            return name
+        members = self.groups.get(name, [])
+        if len(members) == 1:
+            return members[0].name
+        known = ", ".join(self._nodes)
+        raise KeyError(f"no single node called {name!r} in program {self.name!r}; nodes: {known}")
+
+    def resources(self, group: str) -> Resources:
+        return self._resources.get(group, Resources())
+
+
+def map_handles(fn: Callable[[Handle], Any], tree: Any) -> Any:
+    """Rebuilds `tree` (nested tuples, lists, dicts) with every Handle replaced by fn(handle)."""
+    if isinstance(tree, Handle):
+        return fn(tree)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*(map_handles(fn, x) for x in tree))
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(map_handles(fn, x) for x in tree)
+    if isinstance(tree, dict):
+        return {k: map_handles(fn, v) for k, v in tree.items()}
+    return tree
+
+
+class Client:
+    """Calls methods of a node wherever it runs.
+
+    `client.method(...)` blocks and returns the result; `client.futures.method(...)`
+    returns a `concurrent.futures.Future` at once, so a caller can keep working
+    while the call is in flight (actors pulling parameters, learners pushing
+    priorities).
+    """
+
+    def __init__(self, node_name: str):
+        self.node_name = node_name
+
+    def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError
+
+    def _submit(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
+        raise NotImplementedError
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return lambda *args, **kwargs: self._call(method, args, kwargs)
+
+    @property
+    def futures(self) -> Any:
+        client = self
+
+        class _Futures:
+            def __getattr__(self, method: str) -> Callable[..., concurrent.futures.Future]:
+                return lambda *args, **kwargs: client._submit(method, args, kwargs)
+
+        return _Futures()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.node_name!r})"
+
+
+class Worker:
+    """Base for nodes with a `run` loop: gives them a stop signal the launcher sets."""
+
+    def __init__(self):
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_event.is_set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleeps up to `seconds`; returns True if the node was asked to stop meanwhile."""
+        return self._stop_event.wait(seconds)
+
+
+class NodeError(RuntimeError):
+    """A node's constructor or `run` raised; carries the node's name."""
+
+    def __init__(self, node_name: str, detail: str):
+        super().__init__(f"node {node_name} failed: {detail}")
+        self.node_name = node_name

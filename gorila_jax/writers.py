@@ -1,0 +1,186 @@
+"""From vectorized env steps to Reverb items: n-step accumulation and batched inserts."""
+
+import threading
+
+import numpy as np
+import reverb
+import tree
+
+from gorila_jax import types
+
+
+class NStepAccumulator:
+    """Turns steps of E parallel envs into n-step transitions (Sutton & Barto, 7.1).
+
+    Every env keeps its last n steps in a ring shared by all envs (all envs step
+    together). A transition leaves when its env has n steps after it, or when
+    the episode ends: then every held step leaves with the return up to the
+    end. A termination zeroes the bootstrap discount; a truncation (time limit)
+    keeps gamma**k so that the learner bootstraps from the last observation.
+    """
+
+    def __init__(self, num_envs: int, n: int, discount: float):
+        if n < 1:
+            raise ValueError(f"n-step length must be >= 1, got {n}")
+        if not 0.0 <= discount <= 1.0:
+            raise ValueError(f"discount must lie in [0, 1], got {discount}")
+        self._num_envs, self._n, self._gamma = num_envs, n, discount
+        self._powers = discount ** np.arange(n + 1, dtype=np.float64)
+        self._count = np.zeros(num_envs, np.int64)  # steps held per env
+        self._head = 0  # ring slot the next step is written to
+        self._obs = self._action = None
+        self._reward = np.zeros((n, num_envs), np.float64)
+
+    def _slot(self, age) -> np.ndarray:
+        """Ring slot of the step `age` steps before the newest one."""
+        return (self._head - 1 - np.asarray(age)) % self._n
+
+    def add(
+        self, obs, action, reward, terminated, truncated, next_obs, valid
+    ) -> types.Transition | None:
+        """Adds one vectorized step; returns the transitions completed by it, or None.
+
+        Args:
+          obs, action, reward, terminated, truncated, next_obs: [E, ...] as returned
+            around one `env.step(action)`; `obs` is the observation acted on.
+          valid: [E] bool; False for envs whose step only reset them (envpool's
+            auto-reset step), which hold no transition.
+
+        Returns:
+          A Transition batch [K, ...], K >= 1, or None when nothing completed.
+        """
+        if self._obs is None:
+            self._obs = np.zeros((self._n,) + obs.shape, obs.dtype)
+            self._action = np.zeros((self._n,) + action.shape, action.dtype)
+        slot = self._head
+        self._obs[slot], self._action[slot], self._reward[slot] = obs, action, reward
+        self._head = (self._head + 1) % self._n
+        self._count += valid
+        ended = valid & (terminated | truncated)
+        full = valid & ~ended & (self._count == self._n)
+        parts = []
+        if full.any():
+            parts.append(self._emit_oldest(np.flatnonzero(full), next_obs))
+            self._count[full] -= 1
+        for env in np.flatnonzero(ended):
+            parts.append(self._emit_episode_end(env, next_obs[env], bool(terminated[env])))
+            self._count[env] = 0
+        if not parts:
+            return None
+        return types.Transition(*(np.concatenate(field) for field in zip(*parts)))
+
+    def _emit_oldest(self, envs: np.ndarray, next_obs: np.ndarray) -> types.Transition:
+        n = self._n
+        start = self._slot(n - 1)
+        rewards = self._reward[self._slot(np.arange(n - 1, -1, -1))][:, envs]  # [n, K]
+        n_step_return = self._powers[:n] @ rewards
+        return types.Transition(
+            observation=self._obs[start, envs],
+            action=self._action[start, envs],
+            reward=n_step_return.astype(np.float32),
+            discount=np.full(len(envs), self._powers[n], np.float32),
+            next_observation=next_obs[envs],
+        )
+
+    def _emit_episode_end(self, env: int, last_obs, terminated: bool) -> types.Transition:
+        count = int(self._count[env])
+        ages = np.arange(count - 1, -1, -1)  # oldest first
+        rewards = self._reward[self._slot(ages), env]  # [count], oldest first
+        returns = np.array([self._powers[: count - i] @ rewards[i:] for i in range(count)])
+        steps_to_end = count - np.arange(count)
+        discount = np.zeros(count) if terminated else self._powers[steps_to_end]
+        return types.Transition(
+            observation=self._obs[self._slot(ages), env],
+            action=self._action[self._slot(ages), env],
+            reward=returns.astype(np.float32),
+            discount=discount.astype(np.float32),
+            next_observation=np.repeat(last_obs[None], count, axis=0),
+        )
+
+
+class Stopped(Exception):
+    """Raised by a blocking write when its node was asked to stop."""
+
+
+class TransitionWriter:
+    """Inserts one item per transition into a Reverb table, in batches.
+
+    Uses the C++ trajectory writer under `reverb.TrajectoryWriter` directly:
+    the Python wrapper re-flattens the structure and re-slices its history for
+    every step, which halves insert throughput (bench/actor_throughput.py).
+    Items are confirmed in groups: `flush` waits only when `max_pending`
+    items are in flight (Reverb warns about unconfirmed items beyond ~50),
+    and it is where the table's rate limiter pushes back on a fast actor.
+    """
+
+    def __init__(
+        self,
+        client: reverb.Client,
+        table: str,
+        max_pending: int = 32,
+        stop_event: threading.Event | None = None,
+        timeout_ms: int = 500,
+    ):
+        self._table = table
+        self._writer = client.trajectory_writer(num_keep_alive_refs=1)
+        self._max_pending = max_pending
+        self._pending = 0
+        self._stop_event = stop_event or threading.Event()
+        self._timeout_ms = timeout_ms
+        self.items_written = 0
+
+    def write(self, batch: types.PyTree, priorities: np.ndarray) -> None:
+        """Writes batch[i] as one item with priority priorities[i]; may block (rate limiter)."""
+        columns = tree.flatten(batch)
+        squeeze = [True] * len(columns)
+        cpp_writer = self._writer._writer  # see the class docstring
+        for i, priority in enumerate(np.asarray(priorities, np.float64).tolist()):
+            refs = cpp_writer.Append([column[i] for column in columns])
+            cpp_writer.CreateItem(self._table, priority, [[ref] for ref in refs], squeeze)
+            self._pending += 1
+            if self._pending >= self._max_pending:
+                self.flush(block_until_num_items=self._max_pending // 2)
+        self.items_written += len(priorities)
+
+    def flush(self, block_until_num_items: int = 0) -> None:
+        """Waits until at most `block_until_num_items` items are unconfirmed.
+
+        Raises:
+          Stopped: if the stop event is set while the rate limiter holds inserts.
+        """
+        while True:
+            try:
+                self._writer.flush(block_until_num_items, timeout_ms=self._timeout_ms)
+                self._pending = block_until_num_items
+                return
+            except reverb.errors.DeadlineExceededError:
+                if self._stop_event.is_set():
+                    raise Stopped() from None
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class NStepAdder:
+    """An actor's adder for n-step transition agents (DQN, SAC): accumulate, then write."""
+
+    def __init__(
+        self,
+        writer: TransitionWriter,
+        num_envs: int,
+        n: int,
+        discount: float,
+        initial_priority: float = 1.0,
+    ):
+        self._writer = writer
+        self._accumulator = NStepAccumulator(num_envs, n, discount)
+        self._initial_priority = initial_priority
+
+    def add(self, step: types.EnvStep) -> None:
+        transitions = self._accumulator.add(*step)
+        if transitions is not None:
+            priorities = np.full(len(transitions.reward), self._initial_priority)
+            self._writer.write(transitions, priorities)
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,1 @@
+"""Experiment scripts: the only place where flags exist."""

@@ -1,0 +1,152 @@
+"""Trains an agent on the Gorila skeleton.
+
+Examples:
+  python -m launch.train                        # DQN on CartPole-v1, ray launcher, this machine
+  python -m launch.train --launcher=local --num_actors=1 --logdir=runs/debug
+  python -m launch.train --config.batch_size=128 --config.learning_rate=5e-4
+  python -m launch.train --ray_address=HEAD_IP:6379  # join an existing Ray cluster
+
+Order of precedence for every setting: explicit flag > preset > default.
+"""
+
+import argparse
+import dataclasses
+import difflib
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from agents import dqn
+from gorila_jax import experiment, launchers
+from launch import presets
+
+AGENTS = {"dqn": dqn.DQNBuilder}
+AGENT_CONFIGS = {"dqn": dqn.DQNConfig}
+
+_AGENT = flags.DEFINE_enum("agent", "dqn", list(AGENTS), "Which agent to train.")
+_ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
+_PRESET = flags.DEFINE_enum(
+    "preset", "auto", presets.NAMES, "Base hyperparameters; auto picks one by --env."
+)
+_LAUNCHER = flags.DEFINE_enum("launcher", "ray", list(launchers.LAUNCHERS), "Where nodes run.")
+_RAY_ADDRESS = flags.DEFINE_string(
+    "ray_address", None, "Existing Ray cluster (host:port); unset starts a private one."
+)
+_LOGDIR = flags.DEFINE_string("logdir", "runs/latest", "metrics.csv, TensorBoard, summary.json.")
+_SEED = flags.DEFINE_integer("seed", 0, "Root seed; every node's key derives from it.")
+_NUM_ACTORS = flags.DEFINE_integer("num_actors", 2, "Actor nodes.", lower_bound=1)
+_NUM_ENVS = flags.DEFINE_integer(
+    "num_envs_per_actor", 8, "Envs in each actor's envpool.", lower_bound=1
+)
+_PULL = flags.DEFINE_integer(
+    "param_pull_interval", 5, "Actor steps between parameter pulls.", lower_bound=1
+)
+_TOTAL_STEPS = flags.DEFINE_integer(
+    "total_env_steps", 100_000, "Stop after this many env steps.", lower_bound=1
+)
+_LEARNER_DEVICES = flags.DEFINE_integer(
+    "num_learner_devices", 0, "Local devices the learner uses; 0 takes all.", lower_bound=0
+)
+_LEARNER_GPUS = flags.DEFINE_float(
+    "learner_gpus", 0.0, "GPUs the learner asks Ray for.", lower_bound=0.0
+)
+_EVAL_EPISODES = flags.DEFINE_integer(
+    "eval_episodes", 10, "Greedy episodes per evaluation.", lower_bound=1
+)
+_EVAL_INTERVAL = flags.DEFINE_float(
+    "eval_interval_s", 5.0, "Seconds between evaluations; 0 disables them.", lower_bound=0.0
+)
+_STOP_AT = flags.DEFINE_float(
+    "stop_at_eval_return", None, "End early once an evaluation reaches this mean return."
+)
+_MAX_WALL = flags.DEFINE_float(
+    "max_wall_time_s", 0.0, "End after this many seconds; 0 means no limit.", lower_bound=0.0
+)
+
+# ExperimentConfig field -> the flag that sets it.
+_EXPERIMENT_FLAGS = {
+    "env_id": _ENV,
+    "launcher": _LAUNCHER,
+    "ray_address": _RAY_ADDRESS,
+    "logdir": _LOGDIR,
+    "seed": _SEED,
+    "num_actors": _NUM_ACTORS,
+    "num_envs_per_actor": _NUM_ENVS,
+    "param_pull_interval": _PULL,
+    "total_env_steps": _TOTAL_STEPS,
+    "num_learner_devices": _LEARNER_DEVICES,
+    "learner_gpus": _LEARNER_GPUS,
+    "eval_episodes": _EVAL_EPISODES,
+    "eval_interval_s": _EVAL_INTERVAL,
+    "stop_at_eval_return": _STOP_AT,
+    "max_wall_time_s": _MAX_WALL,
+}
+
+
+def _define_config_flag(argv: list[str]) -> None:
+    """`--config.<field>` overrides need the agent's config class before parsing.
+
+    ml_collections reads argv while the flag is being defined and raises a
+    KeyError for an unknown field, so unknown fields are caught here first.
+    """
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--agent", default="dqn")
+    agent = parser.parse_known_args(argv[1:])[0].agent
+    config_cls = AGENT_CONFIGS.get(agent, dqn.DQNConfig)  # an unknown --agent fails in parsing
+    fields = [field.name for field in dataclasses.fields(config_cls)]
+    for arg in argv[1:]:
+        if arg.startswith("--config."):
+            name = arg.removeprefix("--config.").split("=")[0]
+            if name not in fields:
+                close = difflib.get_close_matches(name, fields, n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                sys.exit(f"error: {config_cls.__name__} has no field {name!r}{hint}")
+    config_flags.DEFINE_config_dataclass("config", config_cls(), "Agent config overrides.")
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, but any bad flag ends the program with one line and exit code 2."""
+    try:
+        return flags.FLAGS(argv)
+    except (flags.Error, KeyError, ValueError, TypeError) as error:
+        print(f"error: {error}".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
+
+
+def make_configs() -> tuple[object, experiment.ExperimentConfig]:
+    """Agent config and experiment config from preset and flags, validated."""
+    preset_name = presets.resolve(_PRESET.value, _ENV.value)
+    config, preset_settings = presets.AGENT_PRESETS[_AGENT.value](preset_name)
+    config = dataclasses.replace(config, **config_flags.get_override_values(flags.FLAGS["config"]))
+    settings = {
+        field: holder.value
+        if holder.present or field not in preset_settings
+        else preset_settings[field]
+        for field, holder in _EXPERIMENT_FLAGS.items()
+    }
+    return config, experiment.ExperimentConfig(**settings)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {argv[1:]}")
+    config, exp_config = make_configs()
+    builder = AGENTS[_AGENT.value](config)
+    try:
+        exp_config.validate()
+        builder.validate(exp_config.num_learner_devices or 1)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+    summary = experiment.run_experiment(builder, exp_config)
+    print(
+        f"done: {summary['env_steps']:,} env steps, {summary['learner_steps']:,} updates in "
+        f"{summary['wall_time_s']:.1f}s; final greedy return {summary['final_eval_return']:.1f} "
+        f"over {summary['final_eval_episodes']} episodes; summary in {exp_config.logdir}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    _define_config_flag(sys.argv)
+    app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,89 @@
+"""The same program object under the `local` and `ray` launchers."""
+
+import time
+
+import psutil
+import pytest
+
+from gorila_jax import launchers, program
+from tests import fakes
+
+
+def _wait_until(predicate, timeout_s: float) -> bool:
+    """A liveness bound for asynchronous work, not a speed claim."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _options(launcher: str, ray_options: dict) -> dict:
+    return ray_options if launcher == "ray" else {}
+
+
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_same_program_runs_under_both_launchers(launcher, ray_options):
+    graph = fakes.make_counting_program(num_producers=2, limit=50)
+    with launchers.launch(graph, launcher, **_options(launcher, ray_options)) as running:
+        assert running.wait(timeout=120), "producers did not finish"
+        counter = running.client("counter")
+        # Handles resolved to working clients: both producers reached the counter.
+        assert counter.sources() == {"producer/0": 50, "producer/1": 50}
+        assert counter.total() == 100
+
+
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_futures_return_without_blocking_the_caller(launcher, ray_options):
+    graph = fakes.make_counting_program(num_producers=0)
+    with launchers.launch(graph, launcher, **_options(launcher, ray_options)) as running:
+        counter = running.client("counter")
+        futures = [counter.futures.add("driver", 1) for _ in range(10)]
+        assert sorted(f.result(timeout=60) for f in futures) == list(range(1, 11))
+
+
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_a_failing_node_is_reported_by_name(launcher, ray_options):
+    graph = program.Program("failing")
+    with graph.group("bad", program.Resources(num_cpus=0)):
+        graph.add_node(fakes.Failing)
+    with launchers.launch(graph, launcher, **_options(launcher, ray_options)) as running:
+        with pytest.raises(program.NodeError, match="(?s)bad/0.*boom from the failing node"):
+            running.wait(timeout=120)
+
+
+def test_local_stop_ends_every_node_thread():
+    graph = fakes.make_counting_program(num_producers=2)  # producers run until stopped
+    running = launchers.launch(graph, "local")
+    counter = running.client("counter")
+    assert _wait_until(lambda: counter.total() > 10, timeout_s=60)
+    running.stop()
+    assert running.finished()
+    total = counter.total()
+    time.sleep(0.2)
+    assert counter.total() == total, "a producer kept running after stop()"
+
+
+def test_ray_stop_leaves_no_processes(ray_options):
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    graph = fakes.make_counting_program(num_producers=2)
+    running = launchers.launch(graph, "ray", **ray_options)
+    node_pids = set(running.pids().values())
+    assert len(node_pids) == 3, "each node should run in a process of its own"
+    assert _wait_until(lambda: running.client("counter").total() > 10, timeout_s=60)
+    running.stop()
+
+    def no_new_processes():
+        alive = {p.pid for p in me.children(recursive=True) if p.is_running()}
+        return not (alive - before) and not any(psutil.pid_exists(pid) for pid in node_pids)
+
+    assert _wait_until(no_new_processes, timeout_s=60), "Ray processes outlived stop()"
+
+
+@pytest.mark.timeout(60)  # ray.init alone would retry for minutes
+def test_unreachable_ray_address_fails_fast():
+    graph = fakes.make_counting_program(num_producers=1)
+    with pytest.raises(ConnectionError, match="cannot reach the Ray cluster"):
+        launchers.launch(graph, "ray", address="127.0.0.1:1")

@@ -1,0 +1,103 @@
+"""Actor and learner nodes on real envpool and a real Reverb server, under the local launcher."""
+
+import dataclasses
+import functools
+import time
+
+import numpy as np
+
+from agents import dqn
+from gorila_jax import actor, envs, launchers, learner, program, replay
+
+SPEC = envs.env_spec("CartPole-v1")
+GAMMA, N_STEP = 0.9, 3
+CONFIG = dataclasses.replace(
+    dqn.DQNConfig(),
+    hidden_sizes=(32, 32),
+    batch_size=64,
+    discount=GAMMA,
+    n_step=N_STEP,
+    min_replay_size=100,
+    max_replay_size=10_000,
+    samples_per_insert=4.0,
+)
+
+
+def _program(actor_steps: int) -> program.Program:
+    """replay + learner (driven by hand) + one actor with a step budget."""
+    builder = dqn.DQNBuilder(CONFIG)
+    graph = program.Program("nodes")
+    with graph.group("replay"):
+        replay_node = graph.add_node(
+            replay.ReplayNode, functools.partial(builder.replay_tables, SPEC)
+        )
+    with graph.group("learner"):
+        learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
+    with graph.group("actor"):
+        graph.add_node(
+            actor.ActorNode,
+            builder,
+            SPEC,
+            0,
+            1,
+            replay_node,
+            learner_node,
+            None,
+            0,
+            4,
+            5,
+            max_env_steps=actor_steps,
+        )
+    graph.node("learner").disable_run()
+    return graph
+
+
+def _wait_until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def test_actor_writes_consistent_n_step_transitions_and_learner_changes_priorities():
+    with launchers.launch(_program(actor_steps=0), "local") as running:
+        replay_client = running.client("replay")
+        learner_client = running.client("learner")
+        actor_client = running.client("actor")
+        table = dqn.builder.TABLE
+        assert _wait_until(lambda: replay_client.table_info()[table]["size"] >= 200, 120)
+
+        # Items on the table: CartPole pays 1 per step, so an m-step item has
+        # reward (1 - gamma**m) / (1 - gamma) and discount gamma**m, or 0 at a
+        # termination; m is N_STEP except at episode ends.
+        address = replay_client.address()
+        batch = next(replay.batches(address, table, batch_size=64))
+        reward, discount = batch.data.reward, batch.data.discount
+        bootstrapped = discount > 0
+        np.testing.assert_allclose(
+            reward[bootstrapped], (1 - discount[bootstrapped]) / (1 - GAMMA), rtol=1e-5
+        )
+        full_returns = [(1 - GAMMA**m) / (1 - GAMMA) for m in range(1, N_STEP + 1)]
+        for r in reward[~bootstrapped]:
+            assert min(abs(r - f) for f in full_returns) < 1e-4
+
+        # The learner's updates reach the actor and change the priorities in Reverb.
+        assert learner_client.get_params()[0] == 0
+        steps = 0
+        while steps < 20:
+            steps += learner_client.step()
+        assert learner_client.get_params()[0] == 20
+        assert _wait_until(lambda: actor_client.counters()["param_version"] >= 1, 60)
+        learner_client.close()  # drains queued priority updates
+        probabilities = next(replay.batches(address, table, batch_size=64)).probabilities
+        assert np.ptp(probabilities) > 0, "priorities still all equal after 20 updates"
+
+
+def test_actor_stops_at_its_env_step_budget():
+    with launchers.launch(_program(actor_steps=300), "local") as running:
+        assert _wait_until(lambda: running.client("actor").counters()["env_steps"] >= 300, 120)
+        counters = running.client("actor").counters()
+        assert 300 <= counters["env_steps"] < 300 + 4  # one vector step of 4 envs at most
+        assert counters["episodes"] >= 1

@@ -1,0 +1,124 @@
+"""Replay on a real Reverb server: writes, batched sampling, priority updates, rate limiting."""
+
+import threading
+
+import numpy as np
+import pytest
+import reverb
+
+from gorila_jax import replay, types, writers
+
+TABLE = "table"
+
+
+def _transitions(count: int, seed: int = 0) -> types.Transition:
+    rng = np.random.default_rng(seed)
+    return types.Transition(
+        observation=np.arange(count, dtype=np.float32)[:, None].repeat(4, axis=1),
+        action=rng.integers(0, 2, count).astype(np.int32),
+        reward=rng.normal(size=count).astype(np.float32),
+        discount=np.full(count, 0.99, np.float32),
+        next_observation=rng.normal(size=(count, 4)).astype(np.float32),
+    )
+
+
+def _server(limiter, max_size: int = 1000) -> reverb.Server:
+    signature = replay.spec_to_signature(types.Transition(*(x[0] for x in _transitions(1))))
+    table = replay.prioritized_table(TABLE, max_size, 0.6, limiter, signature)
+    return reverb.Server([table])
+
+
+@pytest.fixture
+def server():
+    srv = _server(reverb.rate_limiters.MinSize(1))
+    yield srv
+    srv.stop()
+
+
+def test_written_items_come_back_in_batches_with_keys_and_probabilities(server):
+    client = reverb.Client(f"localhost:{server.port}")
+    written = _transitions(100)
+    writer = writers.TransitionWriter(client, TABLE)
+    writer.write(written, np.ones(100))
+    writer.flush()
+    assert client.server_info()[TABLE].current_size == 100
+
+    batch = next(replay.batches(f"localhost:{server.port}", TABLE, batch_size=32))
+    assert batch.keys.shape == (32,) and batch.keys.dtype == np.uint64
+    np.testing.assert_allclose(batch.probabilities, 1 / 100)  # equal priorities
+    index = batch.data.observation[:, 0].astype(int)  # observation encodes the item index
+    for field, expected in zip(batch.data, written):
+        np.testing.assert_array_equal(field, expected[index])
+
+
+def test_priority_updates_reach_the_table(server):
+    address = f"localhost:{server.port}"
+    client = reverb.Client(address)
+    writer = writers.TransitionWriter(client, TABLE)
+    writer.write(_transitions(10), np.ones(10))
+    writer.flush()
+    keys = np.unique(next(replay.batches(address, TABLE, batch_size=200)).keys)
+    assert len(keys) == 10
+    new_priorities = np.arange(2.0, 12.0)
+    updater = replay.PriorityUpdater(client, TABLE)
+    updater.submit(keys, new_priorities)
+    updater.close()  # drains the queue
+    assert updater.updates_sent == 1
+    # Sampling probabilities now follow p**alpha / sum(p**alpha), alpha = 0.6.
+    expected = dict(zip(keys.tolist(), new_priorities**0.6 / np.sum(new_priorities**0.6)))
+    batch = next(replay.batches(address, TABLE, batch_size=50))
+    for key, probability in zip(batch.keys.tolist(), batch.probabilities):
+        assert probability == pytest.approx(expected[key])
+
+
+def test_rate_limiter_blocks_inserts_that_run_ahead_of_samples():
+    spi, min_size, batch = 2.0, 10, 1
+    limiter = replay.rate_limiter(spi, min_size, batch)
+    srv = _server(limiter)
+    try:
+        client = reverb.Client(f"localhost:{srv.port}")
+        stop = threading.Event()
+        inserted = []
+
+        def write_forever():
+            writer = writers.TransitionWriter(client, TABLE, max_pending=2, stop_event=stop)
+            try:
+                for i in range(10_000):
+                    writer.write(_transitions(1, seed=i), np.ones(1))
+                    inserted.append(i)
+            except writers.Stopped:
+                pass
+
+        thread = threading.Thread(target=write_forever)
+        thread.start()
+        # Without samples the writer stalls once inserts exceed the allowed error.
+        thread.join(timeout=5)
+        assert thread.is_alive(), "the rate limiter let the writer run ahead unbounded"
+        stalled_at = client.server_info()[TABLE].rate_limiter_info.insert_stats.completed
+        buffer_inserts = 16.0 * batch / spi  # the error buffer, in inserts
+        assert stalled_at <= min_size + buffer_inserts + 1
+
+        # Sampling lets it go on, and over a long run the ratio is held.
+        samples = 0
+        for batch_ in replay.batches(f"localhost:{srv.port}", TABLE, batch_size=8):
+            samples += len(batch_.keys)
+            if samples >= 2000:
+                break
+        stop.set()
+        thread.join(timeout=30)
+        info = client.server_info()[TABLE].rate_limiter_info
+        inserts, sampled = info.insert_stats.completed, info.sample_stats.completed
+        assert inserts > stalled_at
+        # |(inserts - min_size) * spi - samples| stays within the error buffer.
+        assert abs((inserts - min_size) * spi - sampled) <= 16.0 * batch + 1
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize(
+    "spi, min_size, match",
+    [(0.0, 10, "samples_per_insert"), (1.0, 0, "min_replay_size")],
+)
+def test_bad_rate_limiter_settings_are_rejected(spi, min_size, match):
+    with pytest.raises(ValueError, match=match):
+        replay.rate_limiter(spi, min_size, batch_size=32)

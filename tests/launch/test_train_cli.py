@@ -1,0 +1,51 @@
+"""`python -m launch.train` with bad input: one error line, non-zero exit, nothing left running."""
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _train(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "launch.train", *flags, "--logdir=/tmp/gorila-bad-input"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--env=CartPol-v1"], "unknown env id 'CartPol-v1'; did you mean CartPole-v1"),
+        (["--env=Pong-v4"], "did you mean Pong-v5"),
+        (["--agent=dqnn"], "--agent"),
+        (["--num_actors=0"], "--num_actors"),
+        (["--total_env_steps=-5"], "--total_env_steps"),
+        (["--config.no_such_field=1"], "no_such_field"),
+        (["--config.batch_size=abc"], "batch_size"),
+        (["--config.batch_size=0"], "config.batch_size must be positive"),
+        (["--config.discount=1.5"], "config.discount must lie in [0, 1]"),
+        (["stray_argument"], "unexpected arguments"),
+    ],
+)
+def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message):
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    result = _train(*flags)
+    assert result.returncode != 0
+    errors = _error_lines(result)
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert message in errors[0]
+    assert "Traceback" not in result.stderr
+    after = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert not (after - before), "a bad input left processes running"

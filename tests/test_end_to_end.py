@@ -1,0 +1,57 @@
+"""DQN learns CartPole-v1 through the whole program: actors, Reverb, learner, evaluator.
+
+These are the slow tests that prove the core claim; each has a fixed seed and
+asserts a return threshold from the final greedy evaluation (10 episodes).
+"""
+
+import csv
+import glob
+import json
+import os
+
+import pytest
+
+from agents import dqn
+from gorila_jax import experiment
+from launch import presets
+
+
+def _cartpole(tmp_path, **overrides) -> tuple[dqn.DQNBuilder, experiment.ExperimentConfig]:
+    config, settings = presets.dqn_preset("cartpole")
+    settings = {**settings, **overrides}
+    # One learner device: the 4-device update is checked against 1 device in
+    # tests/agents/dqn/test_learning.py; here it would only cost time.
+    exp = experiment.ExperimentConfig(
+        logdir=str(tmp_path), seed=0, num_learner_devices=1, **settings
+    )
+    return dqn.DQNBuilder(config), exp
+
+
+@pytest.mark.slow
+def test_dqn_solves_cartpole_under_the_local_launcher(tmp_path):
+    builder, exp = _cartpole(tmp_path, launcher="local")
+    summary = experiment.run_experiment(builder, exp)
+    assert summary["final_eval_return"] >= 475, summary["evaluations"]
+    assert summary["final_eval_episodes"] >= 10
+    # What a user gets on disk: the summary, one CSV row per log interval, TensorBoard events.
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["env_steps"] >= exp.total_env_steps
+    for key in ("learner_steps", "wall_time_s", "env_steps_per_s", "final_eval_return"):
+        assert on_disk[key] == summary[key]
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert len(rows) >= 3 and float(rows[-1]["learner_steps"]) > 0
+    assert glob.glob(os.path.join(tmp_path, "events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_dqn_learns_under_the_ray_launcher_with_two_actors(tmp_path, ray_options):
+    builder, exp = _cartpole(
+        tmp_path,
+        launcher="ray",
+        num_actors=2,
+        stop_at_eval_return=200.0,
+        total_env_steps=60_000,
+    )
+    summary = experiment.run_experiment(builder, exp, **ray_options)
+    assert summary["final_eval_return"] > 150, summary["evaluations"]
+    assert summary["learner_steps"] > 0
