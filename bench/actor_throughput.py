@@ -32,6 +32,7 @@ from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
 _NUM_ENVS = flags.DEFINE_integer("num_envs", 8, "Envs in the actor's envpool.")
+_THREADS = flags.DEFINE_integer("env_threads", 1, "envpool threads, as --env_threads_per_actor.")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
 
 
@@ -45,8 +46,8 @@ def _timed(fn, seconds: float, units_per_call: int) -> float:
     return calls * units_per_call / (time.perf_counter() - start)
 
 
-def raw_envpool(spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
-    env = envs.make_env(spec.env_id, num_envs, seed=0, num_threads=1)
+def raw_envpool(spec: types.EnvSpec, num_envs: int, threads: int, seconds: float) -> float:
+    env = envs.make_env(spec.env_id, num_envs, seed=0, num_threads=threads)
     env.reset()
     rng = np.random.default_rng(0)
     step = lambda: env.step(rng.integers(0, spec.num_actions, num_envs).astype(np.int32))
@@ -63,19 +64,42 @@ def bare_policy(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> 
     return _timed(lambda: np.asarray(policy(params, obs, key, 0)), seconds, num_envs)
 
 
+def _real_transitions(spec: types.EnvSpec, num_envs: int, n: int, discount: float):
+    """Batches of n-step transitions from random play: what an actor really writes
+    (Reverb compresses chunks, so zeros would flatter the insert rate)."""
+    env = envs.make_env(spec.env_id, num_envs, seed=1, num_threads=1)
+    obs, _ = env.reset()
+    accumulator = writers.NStepAccumulator(num_envs, n, discount)
+    rng, valid, batches = np.random.default_rng(1), np.ones(num_envs, bool), []
+    while len(batches) < 64:
+        action = rng.integers(0, spec.num_actions, num_envs).astype(np.int32)
+        next_obs, reward, terminated, truncated, _ = env.step(action)
+        out = accumulator.add(obs, action, reward, terminated, truncated, next_obs, valid)
+        if out is not None:
+            batches.append(out)
+        valid, obs = ~(valid & (terminated | truncated)), next_obs
+    env.close()
+    return batches
+
+
 def reverb_inserts(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
     server = reverb.Server(builder.replay_tables(spec))
     writer = writers.TransitionWriter(reverb.Client(f"localhost:{server.port}"), dqn.builder.TABLE)
-    obs = spec.zeros_observation(num_envs)
-    zeros = np.zeros(num_envs, np.float32)
-    batch = types.Transition(obs, np.zeros(num_envs, np.int32), zeros, zeros, obs)
-    rate = _timed(lambda: writer.write(batch, np.ones(num_envs)), seconds, num_envs)
+    cfg, codec = builder.config, builder.item_codec(spec)
+    batches = _real_transitions(spec, num_envs, cfg.n_step, cfg.discount)
+    written, calls, start = 0, 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        batch = batches[calls % len(batches)]
+        writer.write(codec.encode(batch), np.ones(len(batch.reward)))  # as NStepAdder does
+        written, calls = written + len(batch.reward), calls + 1
+    writer.flush()
+    rate = written / (time.perf_counter() - start)
     writer.close()
     server.stop()
     return rate
 
 
-def actor_node(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
+def actor_node(builder, spec: types.EnvSpec, num_envs: int, threads: int, seconds: float) -> float:
     """One ActorNode with a real replay and learner; the learner never steps."""
     graph = program.Program("actor-bench")
     with graph.group("replay"):
@@ -97,6 +121,7 @@ def actor_node(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> f
             0,
             num_envs,
             5,
+            env_threads=threads,
         )
     graph.node("learner").disable_run()
     with launchers.launch(graph, "local") as running:
@@ -116,10 +141,10 @@ def main(argv):
     config = dataclasses.replace(config, min_replay_size=10**7, max_replay_size=10**7)
     builder = dqn.DQNBuilder(config)
     num_envs, seconds = _NUM_ENVS.value, _SECONDS.value
-    a = raw_envpool(spec, num_envs, seconds)
+    a = raw_envpool(spec, num_envs, _THREADS.value, seconds)
     b = bare_policy(builder, spec, num_envs, seconds)
     c = reverb_inserts(builder, spec, num_envs, seconds)
-    d = actor_node(builder, spec, num_envs, seconds)
+    d = actor_node(builder, spec, num_envs, _THREADS.value, seconds)
     ratio = d * (1 / a + 1 / b + 1 / c)
     print(f"(a) raw envpool          {a:12,.0f} env steps/s")
     print(f"(b) bare jitted policy   {b:12,.0f} observations/s")
@@ -132,6 +157,7 @@ def main(argv):
                 "bench": "actor_throughput",
                 "env": spec.env_id,
                 "num_envs": num_envs,
+                "env_threads": _THREADS.value,
                 "raw_envpool_steps_per_s": a,
                 "policy_obs_per_s": b,
                 "reverb_inserts_per_s": c,

@@ -90,13 +90,14 @@ def main(argv):
     server = reverb.Server([table])
     address = f"localhost:{server.port}"
     writer = writers.TransitionWriter(reverb.Client(address), dqn.builder.TABLE)
+    codec = builder.item_codec(spec)
     for start in range(0, _ITEMS.value, 1000):
         count = min(1000, _ITEMS.value - start)
-        writer.write(_random_transitions(spec, count, seed=start), np.ones(count))
+        writer.write(codec.encode(_random_transitions(spec, count, seed=start)), np.ones(count))
     writer.flush()
 
     a = bare_update(builder, spec, _BATCH.value, _SECONDS.value)
-    batches = replay.batches(address, dqn.builder.TABLE, _BATCH.value)
+    batches = replay.batches(address, dqn.builder.TABLE, _BATCH.value, codec)
     b = _rate(lambda: next(batches), _SECONDS.value)
     replay_handle = type("Replay", (), {"address": lambda self: address})()
     node = learner.LearnerNode(builder, spec, replay_handle, None, seed=0)

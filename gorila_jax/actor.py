@@ -35,6 +35,34 @@ class EpisodeTracker:
         return returns
 
 
+class ParameterPuller:
+    """The actor's local parameter copy, refreshed from the learner without blocking.
+
+    The first parameters are fetched synchronously (nothing to act with
+    before). After that, every `interval` calls a request goes out as a
+    future; acting goes on with the current copy until the answer arrives.
+    The learner answers None when it has nothing newer than our version.
+    """
+
+    def __init__(self, learner: program.Client, interval: int):
+        self._learner, self._interval = learner, interval
+        self.version, params = learner.get_params()
+        self._params = jax.device_put(params)
+        self._pending: concurrent.futures.Future | None = None
+        self._calls = 0
+
+    def next_params(self) -> Any:
+        if self._pending is None and self._calls % self._interval == 0:
+            self._pending = self._learner.futures.get_params(self.version)
+        if self._pending is not None and self._pending.done():
+            answer, self._pending = self._pending.result(), None
+            if answer is not None:
+                self.version, params = answer
+                self._params = jax.device_put(params)
+        self._calls += 1
+        return self._params
+
+
 class ActorNode(program.Worker):
     """Acts in `num_envs` envpool envs and writes what it sees to replay.
 
@@ -53,6 +81,8 @@ class ActorNode(program.Worker):
       param_pull_interval: actor steps between parameter requests.
       report_interval_s: how often counters and episode returns go to the monitor.
       max_env_steps: stop after this many env steps (0: run until stopped).
+      env_threads: envpool worker threads; 1 suits cheap envs on few cores,
+        more pay off for expensive ones (Atari, MuJoCo) when cores are free.
     """
 
     def __init__(
@@ -69,6 +99,7 @@ class ActorNode(program.Worker):
         param_pull_interval: int,
         report_interval_s: float = 1.0,
         max_env_steps: int = 0,
+        env_threads: int = 1,
     ):
         super().__init__()
         self.name = f"actor/{actor_index}"
@@ -76,6 +107,7 @@ class ActorNode(program.Worker):
         self._learner, self._monitor = learner, monitor
         self._num_envs, self._pull_interval = num_envs, param_pull_interval
         self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps
+        self._env_threads = env_threads
         # fold_in by index: adding actors never changes the streams of existing ones.
         self._key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
         self._env_seed = int(jax.random.randint(self._key, (), 0, 2**31 - 1))
@@ -86,35 +118,40 @@ class ActorNode(program.Worker):
         self.episodes = EpisodeTracker(num_envs)
 
     def run(self) -> None:
-        env = envs.make_env(self._spec.env_id, self._num_envs, seed=self._env_seed, num_threads=1)
+        env = envs.make_env(
+            self._spec.env_id, self._num_envs, seed=self._env_seed, num_threads=self._env_threads
+        )
         adder = self._builder.make_adder(
             reverb.Client(self._replay_address), self._spec, self._num_envs, self._stop_event
         )
-        self.param_version, params = self._learner.get_params()
-        params = jax.device_put(params)
-        pending: concurrent.futures.Future | None = None
+        puller = ParameterPuller(self._learner, self._pull_interval)
         obs, _ = env.reset()
         valid = np.ones(self._num_envs, bool)
-        last_report, actor_step = time.monotonic(), 0
+        unwritten: types.EnvStep | None = None
+        last_report = time.monotonic()
         try:
             while not self.stopping and not self._budget_spent():
-                if pending is None and actor_step % self._pull_interval == 0:
-                    pending = self._learner.futures.get_params(self.param_version)
-                if pending is not None and pending.done():
-                    params = self._take_params(pending.result(), params)
-                    pending = None
+                params = puller.next_params()
                 action = np.asarray(self._policy(params, obs, self._key, self.env_steps))
-                next_obs, reward, terminated, truncated, _ = env.step(action)
-                ended = valid & (terminated | truncated)
-                adder.add(
-                    types.EnvStep(obs, action, reward, terminated, truncated, next_obs, valid)
+                # envpool steps the envs in its own thread while this one writes the
+                # previous step to replay: the two costs overlap instead of adding up.
+                env.send(action)
+                if unwritten is not None:
+                    adder.add(unwritten)
+                next_obs, reward, terminated, truncated, _ = env.recv()
+                unwritten = types.EnvStep(
+                    obs, action, reward, terminated, truncated, next_obs, valid
                 )
+                ended = valid & (terminated | truncated)
                 self.episodes.update(reward, ended, valid)
                 self.env_steps += int(valid.sum())
-                valid, obs, actor_step = ~ended, next_obs, actor_step + 1
+                self.param_version = puller.version
+                valid, obs = ~ended, next_obs
                 if time.monotonic() - last_report >= self._report_interval_s:
                     self._report()
                     last_report = time.monotonic()
+            if unwritten is not None and not self.stopping:
+                adder.add(unwritten)
         except writers.Stopped:
             pass  # the rate limiter held our inserts while we were asked to stop
         finally:
@@ -124,12 +161,6 @@ class ActorNode(program.Worker):
 
     def _budget_spent(self) -> bool:
         return 0 < self._max_env_steps <= self.env_steps
-
-    def _take_params(self, answer: tuple[int, Any] | None, params: Any) -> Any:
-        if answer is None:  # the learner had nothing newer
-            return params
-        self.param_version, new_params = answer
-        return jax.device_put(new_params)
 
     def counters(self) -> dict[str, int]:
         """Env steps, finished episodes and the parameter version acted with."""

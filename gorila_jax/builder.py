@@ -10,7 +10,7 @@ from typing import Any, Callable, NamedTuple, Protocol, Sequence
 import jax
 import reverb
 
-from gorila_jax import types
+from gorila_jax import replay, types
 
 # select_action(params, observation [E, ...], key, env_steps) -> action [E, ...]; jitted.
 Policy = Callable[[types.Params, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -70,6 +70,9 @@ class AgentBuilder(Protocol):
 
     def validate(self, num_learner_devices: int) -> None:
         """Raises ValueError for a config that cannot run on this many devices."""
+
+    def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
+        """How one item of the sampled table is packed (actors) and unpacked (learner)."""
 
     def replay_tables(self, spec: types.EnvSpec) -> Sequence[reverb.Table]: ...
 

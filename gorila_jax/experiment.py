@@ -22,6 +22,7 @@ class ExperimentConfig:
       env_id: envpool task id.
       num_actors: actor nodes.
       num_envs_per_actor: envs in each actor's envpool.
+      env_threads_per_actor: envpool worker threads in each actor.
       param_pull_interval: actor steps between parameter pulls from the learner.
       total_env_steps: the run stops once actors have taken this many env steps.
       seed: root seed; every node's key and env seed derive from it.
@@ -30,6 +31,8 @@ class ExperimentConfig:
       ray_address: an existing Ray cluster to join; None starts a private one.
       num_learner_devices: local devices the learner pmaps over; 0 takes all.
       learner_gpus: GPUs the learner node asks Ray for.
+      learner_cpus, replay_cpus, cpus_per_actor: CPUs each node asks Ray for;
+        fractions let more nodes than cores share one machine.
       eval_episodes: greedy episodes per evaluation, and for the final one.
       eval_interval_s: seconds between evaluations during training; 0 disables them.
       stop_at_eval_return: end the run early once an evaluation reaches this mean return.
@@ -40,6 +43,7 @@ class ExperimentConfig:
     env_id: str = "CartPole-v1"
     num_actors: int = 2
     num_envs_per_actor: int = 8
+    env_threads_per_actor: int = 1
     param_pull_interval: int = 5
     total_env_steps: int = 100_000
     seed: int = 0
@@ -48,6 +52,9 @@ class ExperimentConfig:
     ray_address: str | None = None
     num_learner_devices: int = 0
     learner_gpus: float = 0.0
+    learner_cpus: float = 1.0
+    replay_cpus: float = 1.0
+    cpus_per_actor: float = 1.0
     eval_episodes: int = 10
     eval_interval_s: float = 5.0
     stop_at_eval_return: float | None = None
@@ -59,6 +66,7 @@ class ExperimentConfig:
         for name in (
             "num_actors",
             "num_envs_per_actor",
+            "env_threads_per_actor",
             "param_pull_interval",
             "total_env_steps",
             "eval_episodes",
@@ -66,7 +74,15 @@ class ExperimentConfig:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in ("num_learner_devices", "learner_gpus", "eval_interval_s", "max_wall_time_s"):
+        for name in (
+            "num_learner_devices",
+            "learner_gpus",
+            "learner_cpus",
+            "replay_cpus",
+            "cpus_per_actor",
+            "eval_interval_s",
+            "max_wall_time_s",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.launcher not in launchers.LAUNCHERS:
@@ -82,13 +98,13 @@ def make_program(
     """The Gorila graph: replay, monitor, learner, actors and an evaluator."""
     program = program_lib.Program("gorila")
     no_cpu = program_lib.Resources(num_cpus=0)
-    with program.group("replay"):
+    with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
         replay_node = program.add_node(
             replay.ReplayNode, functools.partial(builder.replay_tables, spec)
         )
     with program.group("monitor", no_cpu):
         monitor_node = program.add_node(monitor.MonitorNode)
-    with program.group("learner", program_lib.Resources(1, cfg.learner_gpus)):
+    with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
         learner_node = program.add_node(
             learner.LearnerNode,
             builder,
@@ -98,7 +114,7 @@ def make_program(
             cfg.seed,
             num_devices=cfg.num_learner_devices,
         )
-    with program.group("actor"):
+    with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
         for index in range(cfg.num_actors):
             program.add_node(
                 actor.ActorNode,
@@ -112,6 +128,7 @@ def make_program(
                 cfg.seed,
                 cfg.num_envs_per_actor,
                 cfg.param_pull_interval,
+                env_threads=cfg.env_threads_per_actor,
             )
     if cfg.eval_interval_s > 0:
         with program.group("evaluator", no_cpu):

@@ -115,6 +115,7 @@ class LearnerNode(program.Worker):
         self._devices = jax.local_devices()[: num_devices or None]
         builder.validate(len(self._devices))
         self._server_address = replay_client.address()
+        self._codec = builder.item_codec(spec)
         key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
         self._state = parallel.replicate(builder.init_train_state(key, spec), self._devices)
         self._step_fn = parallel.pmap_step(
@@ -136,6 +137,7 @@ class LearnerNode(program.Worker):
             self._server_address,
             self._builder.sample_table,
             self._builder.batch_size,
+            self._codec,
         )
         self._prefetcher = DevicePrefetcher(make_batches, self._devices, self._stop_event)
         client = reverb.Client(self._server_address)

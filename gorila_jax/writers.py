@@ -6,7 +6,7 @@ import numpy as np
 import reverb
 import tree
 
-from gorila_jax import types
+from gorila_jax import replay, types
 
 
 class NStepAccumulator:
@@ -103,7 +103,7 @@ class Stopped(Exception):
 
 
 class TransitionWriter:
-    """Inserts one item per transition into a Reverb table, in batches.
+    """Inserts one item per row of a batch into a Reverb table.
 
     Uses the C++ trajectory writer under `reverb.TrajectoryWriter` directly:
     the Python wrapper re-flattens the structure and re-slices its history for
@@ -167,12 +167,13 @@ class NStepAdder:
     def __init__(
         self,
         writer: TransitionWriter,
+        codec: replay.ItemCodec,
         num_envs: int,
         n: int,
         discount: float,
         initial_priority: float = 1.0,
     ):
-        self._writer = writer
+        self._writer, self._codec = writer, codec
         self._accumulator = NStepAccumulator(num_envs, n, discount)
         self._initial_priority = initial_priority
 
@@ -180,7 +181,7 @@ class NStepAdder:
         transitions = self._accumulator.add(*step)
         if transitions is not None:
             priorities = np.full(len(transitions.reward), self._initial_priority)
-            self._writer.write(transitions, priorities)
+            self._writer.write(self._codec.encode(transitions), priorities)
 
     def close(self) -> None:
         self._writer.close()

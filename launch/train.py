@@ -39,6 +39,9 @@ _NUM_ACTORS = flags.DEFINE_integer("num_actors", 2, "Actor nodes.", lower_bound=
 _NUM_ENVS = flags.DEFINE_integer(
     "num_envs_per_actor", 8, "Envs in each actor's envpool.", lower_bound=1
 )
+_ENV_THREADS = flags.DEFINE_integer(
+    "env_threads_per_actor", 1, "envpool worker threads in each actor.", lower_bound=1
+)
 _PULL = flags.DEFINE_integer(
     "param_pull_interval", 5, "Actor steps between parameter pulls.", lower_bound=1
 )
@@ -50,6 +53,15 @@ _LEARNER_DEVICES = flags.DEFINE_integer(
 )
 _LEARNER_GPUS = flags.DEFINE_float(
     "learner_gpus", 0.0, "GPUs the learner asks Ray for.", lower_bound=0.0
+)
+_LEARNER_CPUS = flags.DEFINE_float(
+    "learner_cpus", 1.0, "CPUs the learner asks Ray for.", lower_bound=0.0
+)
+_REPLAY_CPUS = flags.DEFINE_float(
+    "replay_cpus", 1.0, "CPUs the replay asks Ray for.", lower_bound=0.0
+)
+_ACTOR_CPUS = flags.DEFINE_float(
+    "cpus_per_actor", 1.0, "CPUs each actor asks Ray for.", lower_bound=0.0
 )
 _EVAL_EPISODES = flags.DEFINE_integer(
     "eval_episodes", 10, "Greedy episodes per evaluation.", lower_bound=1
@@ -73,10 +85,14 @@ _EXPERIMENT_FLAGS = {
     "seed": _SEED,
     "num_actors": _NUM_ACTORS,
     "num_envs_per_actor": _NUM_ENVS,
+    "env_threads_per_actor": _ENV_THREADS,
     "param_pull_interval": _PULL,
     "total_env_steps": _TOTAL_STEPS,
     "num_learner_devices": _LEARNER_DEVICES,
     "learner_gpus": _LEARNER_GPUS,
+    "learner_cpus": _LEARNER_CPUS,
+    "replay_cpus": _REPLAY_CPUS,
+    "cpus_per_actor": _ACTOR_CPUS,
     "eval_episodes": _EVAL_EPISODES,
     "eval_interval_s": _EVAL_INTERVAL,
     "stop_at_eval_return": _STOP_AT,

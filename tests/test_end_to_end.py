@@ -51,6 +51,10 @@ def test_dqn_learns_under_the_ray_launcher_with_two_actors(tmp_path, ray_options
         num_actors=2,
         stop_at_eval_return=200.0,
         total_env_steps=60_000,
+        # 4 nodes that need a CPU share the 2 logical CPUs of the test cluster.
+        learner_cpus=0.5,
+        replay_cpus=0.5,
+        cpus_per_actor=0.5,
     )
     summary = experiment.run_experiment(builder, exp, **ray_options)
     assert summary["final_eval_return"] > 150, summary["evaluations"]

@@ -35,12 +35,16 @@ class DQNBuilder:
     def _network(self, spec: types.EnvSpec) -> networks.QNetwork:
         return networks.make_network(spec, self.config.hidden_sizes, self.config.dueling)
 
+    def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
+        one = spec.zeros_observation(1)[0]
+        return replay.ItemCodec(
+            types.Transition(one, np.int32(0), np.float32(0), np.float32(0), one)
+        )
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
-        one = spec.zeros_observation(1)[0]
-        example = types.Transition(one, np.int32(0), np.float32(0), np.float32(0), one)
         limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, cfg.batch_size)
-        signature = replay.spec_to_signature(example)
+        signature = self.item_codec(spec).signature()
         return [
             replay.prioritized_table(
                 TABLE, cfg.max_replay_size, cfg.priority_exponent, limiter, signature
@@ -56,7 +60,12 @@ class DQNBuilder:
     ) -> writers.NStepAdder:
         writer = writers.TransitionWriter(client, TABLE, stop_event=stop_event)
         return writers.NStepAdder(
-            writer, num_envs, self.config.n_step, self.config.discount, self.config.initial_priority
+            writer,
+            self.item_codec(spec),
+            num_envs,
+            self.config.n_step,
+            self.config.discount,
+            self.config.initial_priority,
         )
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:

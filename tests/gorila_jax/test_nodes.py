@@ -73,7 +73,8 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
         # reward (1 - gamma**m) / (1 - gamma) and discount gamma**m, or 0 at a
         # termination; m is N_STEP except at episode ends.
         address = replay_client.address()
-        batch = next(replay.batches(address, table, batch_size=64))
+        codec = dqn.DQNBuilder(CONFIG).item_codec(SPEC)
+        batch = next(replay.batches(address, table, batch_size=64, codec=codec))
         reward, discount = batch.data.reward, batch.data.discount
         bootstrapped = discount > 0
         np.testing.assert_allclose(

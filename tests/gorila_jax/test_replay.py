@@ -22,10 +22,43 @@ def _transitions(count: int, seed: int = 0) -> types.Transition:
     )
 
 
+CODEC = replay.ItemCodec(types.Transition(*(x[0] for x in _transitions(1))))
+
+
 def _server(limiter, max_size: int = 1000) -> reverb.Server:
-    signature = replay.spec_to_signature(types.Transition(*(x[0] for x in _transitions(1))))
-    table = replay.prioritized_table(TABLE, max_size, 0.6, limiter, signature)
+    table = replay.prioritized_table(TABLE, max_size, 0.6, limiter, CODEC.signature())
     return reverb.Server([table])
+
+
+def _write(client: reverb.Client, transitions: types.Transition, **writer_options) -> None:
+    writer = writers.TransitionWriter(client, TABLE, **writer_options)
+    writer.write(CODEC.encode(transitions), np.ones(len(transitions.reward)))
+    writer.flush()
+
+
+def test_codec_round_trips_mixed_dtypes_exactly():
+    rng = np.random.default_rng(3)
+    example = {
+        "frames": np.zeros((4, 84, 84), np.uint8),
+        "q": np.zeros(6, np.float32),
+        "step": np.int64(0),
+        "done": np.bool_(False),
+    }
+    codec = replay.ItemCodec(example)
+    batch = {
+        "frames": rng.integers(0, 256, (5, 4, 84, 84), dtype=np.uint8),
+        "q": rng.normal(size=(5, 6)).astype(np.float32),
+        "step": rng.integers(0, 2**40, 5),
+        "done": rng.random(5) < 0.5,
+    }
+    packed = codec.encode(batch)
+    assert packed.shape == (5, 4 * 84 * 84 + 6 * 4 + 8 + 1) and packed.dtype == np.uint8
+    decoded = codec.decode(packed)
+    for key in batch:
+        assert decoded[key].dtype == batch[key].dtype
+        np.testing.assert_array_equal(decoded[key], batch[key])
+    with pytest.raises(ValueError, match="packed items must be"):
+        codec.decode(packed[:, :-1])
 
 
 @pytest.fixture
@@ -38,12 +71,10 @@ def server():
 def test_written_items_come_back_in_batches_with_keys_and_probabilities(server):
     client = reverb.Client(f"localhost:{server.port}")
     written = _transitions(100)
-    writer = writers.TransitionWriter(client, TABLE)
-    writer.write(written, np.ones(100))
-    writer.flush()
+    _write(client, written)
     assert client.server_info()[TABLE].current_size == 100
 
-    batch = next(replay.batches(f"localhost:{server.port}", TABLE, batch_size=32))
+    batch = next(replay.batches(f"localhost:{server.port}", TABLE, batch_size=32, codec=CODEC))
     assert batch.keys.shape == (32,) and batch.keys.dtype == np.uint64
     np.testing.assert_allclose(batch.probabilities, 1 / 100)  # equal priorities
     index = batch.data.observation[:, 0].astype(int)  # observation encodes the item index
@@ -54,9 +85,7 @@ def test_written_items_come_back_in_batches_with_keys_and_probabilities(server):
 def test_priority_updates_reach_the_table(server):
     address = f"localhost:{server.port}"
     client = reverb.Client(address)
-    writer = writers.TransitionWriter(client, TABLE)
-    writer.write(_transitions(10), np.ones(10))
-    writer.flush()
+    _write(client, _transitions(10))
     keys = np.unique(next(replay.batches(address, TABLE, batch_size=200)).keys)
     assert len(keys) == 10
     new_priorities = np.arange(2.0, 12.0)
@@ -84,7 +113,7 @@ def test_rate_limiter_blocks_inserts_that_run_ahead_of_samples():
             writer = writers.TransitionWriter(client, TABLE, max_pending=2, stop_event=stop)
             try:
                 for i in range(10_000):
-                    writer.write(_transitions(1, seed=i), np.ones(1))
+                    writer.write(CODEC.encode(_transitions(1, seed=i)), np.ones(1))
                     inserted.append(i)
             except writers.Stopped:
                 pass
