@@ -60,6 +60,8 @@ class Adder(Protocol):
 class AgentBuilder(Protocol):
     """What the skeleton needs from an agent. Implementations hold no logic."""
 
+    config: Any  # the agent's hyperparameters, a dataclass (written to summary.json)
+
     @property
     def sample_table(self) -> str:
         """The replay table the learner samples from."""

@@ -229,7 +229,7 @@ def run_experiment(
         "final_eval_episodes": len(final_returns),
         "evaluations": evaluations,
         "experiment": dataclasses.asdict(cfg),
-        "agent_config": dataclasses.asdict(builder.config) if hasattr(builder, "config") else {},
+        "agent_config": dataclasses.asdict(builder.config),
     }
     with open(os.path.join(cfg.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)

@@ -233,7 +233,20 @@ def _connect(address: str, probe_timeout_s: float = 5.0) -> None:
             raise ConnectionError(
                 f"cannot reach the Ray cluster at --ray_address={address!r}: {error}"
             ) from None
-    ray.init(
-        address=address,
-        runtime_env={"working_dir": _REPO_ROOT, "excludes": [".venv", ".git", "runs"]},
-    )
+    try:
+        ray.init(
+            address=address,
+            runtime_env={"working_dir": _REPO_ROOT, "excludes": [".venv", ".git", "runs"]},
+        )
+    except ConnectionError as error:
+        # Ray 2.60 clusters started with `ray start` require token authentication.
+        hint = ""
+        if os.environ.get("RAY_AUTH_MODE") != "token":
+            hint = (
+                "; if the cluster uses token authentication (Ray's default for `ray start`), "
+                "export RAY_AUTH_MODE=token and make its token available "
+                "(~/.ray/auth_token or RAY_AUTH_TOKEN)"
+            )
+        raise ConnectionError(
+            f"cannot join the Ray cluster at {address!r}: {error}{hint}"
+        ) from None

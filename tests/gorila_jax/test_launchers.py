@@ -1,5 +1,8 @@
 """The same program object under the `local` and `ray` launchers."""
 
+import os
+import subprocess
+import sys
 import time
 
 import psutil
@@ -87,3 +90,46 @@ def test_unreachable_ray_address_fails_fast():
     graph = fakes.make_counting_program(num_producers=1)
     with pytest.raises(ConnectionError, match="cannot reach the Ray cluster"):
         launchers.launch(graph, "ray", address="127.0.0.1:1")
+
+
+@pytest.fixture
+def existing_cluster(monkeypatch):
+    """A Ray head started by hand, as a user would (`ray start --head`), on loopback."""
+    import portpicker
+
+    # `ray start` enables token authentication; a joining driver must say so.
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    port = portpicker.pick_unused_port()
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    subprocess.run(
+        [
+            ray_cli,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    yield f"127.0.0.1:{port}"
+    subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120)
+
+
+def test_ray_launcher_joins_an_existing_cluster_and_leaves_it_running(existing_cluster):
+    import ray
+
+    graph = fakes.make_counting_program(num_producers=2, limit=20)
+    with launchers.launch(graph, "ray", address=existing_cluster) as running:
+        assert running.wait(timeout=120)
+        assert running.client("counter").total() == 40
+    assert not ray.is_initialized()  # our connection is closed ...
+    ray.init(address=existing_cluster)  # ... but the cluster itself still runs
+    try:
+        assert ray.cluster_resources().get("CPU") == 2
+    finally:
+        ray.shutdown()
