@@ -57,6 +57,16 @@ class Failing(program.Worker):
         raise ValueError("boom from the failing node")
 
 
+def wait_until(predicate, timeout_s: float) -> bool:
+    """Polls `predicate` until true or `timeout_s` passed: a liveness bound, not a speed claim."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
 def make_counting_program(num_producers: int, limit: int = 0) -> program.Program:
     graph = program.Program("counting")
     with graph.group("counter", program.Resources(num_cpus=0)):

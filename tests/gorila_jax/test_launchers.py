@@ -12,16 +12,6 @@ from gorila_jax import launchers, program
 from tests import fakes
 
 
-def _wait_until(predicate, timeout_s: float) -> bool:
-    """A liveness bound for asynchronous work, not a speed claim."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def _options(launcher: str, ray_options: dict) -> dict:
     return ray_options if launcher == "ray" else {}
 
@@ -60,7 +50,7 @@ def test_local_stop_ends_every_node_thread():
     graph = fakes.make_counting_program(num_producers=2)  # producers run until stopped
     running = launchers.launch(graph, "local")
     counter = running.client("counter")
-    assert _wait_until(lambda: counter.total() > 10, timeout_s=60)
+    assert fakes.wait_until(lambda: counter.total() > 10, timeout_s=60)
     running.stop()
     assert running.finished()
     total = counter.total()
@@ -75,14 +65,14 @@ def test_ray_stop_leaves_no_processes(ray_options):
     running = launchers.launch(graph, "ray", **ray_options)
     node_pids = set(running.pids().values())
     assert len(node_pids) == 3, "each node should run in a process of its own"
-    assert _wait_until(lambda: running.client("counter").total() > 10, timeout_s=60)
+    assert fakes.wait_until(lambda: running.client("counter").total() > 10, timeout_s=60)
     running.stop()
 
     def no_new_processes():
         alive = {p.pid for p in me.children(recursive=True) if p.is_running()}
         return not (alive - before) and not any(psutil.pid_exists(pid) for pid in node_pids)
 
-    assert _wait_until(no_new_processes, timeout_s=60), "Ray processes outlived stop()"
+    assert fakes.wait_until(no_new_processes, timeout_s=60), "Ray processes outlived stop()"
 
 
 @pytest.mark.timeout(60)  # ray.init alone would retry for minutes

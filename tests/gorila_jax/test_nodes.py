@@ -2,12 +2,12 @@
 
 import dataclasses
 import functools
-import time
 
 import numpy as np
 
 from agents import dqn
 from gorila_jax import actor, envs, launchers, learner, program, replay
+from tests import fakes
 
 SPEC = envs.env_spec("CartPole-v1")
 GAMMA, N_STEP = 0.9, 3
@@ -52,22 +52,13 @@ def _program(actor_steps: int) -> program.Program:
     return graph
 
 
-def _wait_until(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def test_actor_writes_consistent_n_step_transitions_and_learner_changes_priorities():
     with launchers.launch(_program(actor_steps=0), "local") as running:
         replay_client = running.client("replay")
         learner_client = running.client("learner")
         actor_client = running.client("actor")
         table = dqn.builder.TABLE
-        assert _wait_until(lambda: replay_client.table_info()[table]["size"] >= 200, 120)
+        assert fakes.wait_until(lambda: replay_client.table_info()[table]["size"] >= 200, 120)
 
         # Items on the table: CartPole pays 1 per step, so an m-step item has
         # reward (1 - gamma**m) / (1 - gamma) and discount gamma**m, or 0 at a
@@ -90,7 +81,7 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
         while steps < 20:
             steps += learner_client.step()
         assert learner_client.get_params()[0] == 20
-        assert _wait_until(lambda: actor_client.counters()["param_version"] >= 1, 60)
+        assert fakes.wait_until(lambda: actor_client.counters()["param_version"] >= 1, 60)
         learner_client.close()  # drains queued priority updates
         probabilities = next(replay.batches(address, table, batch_size=64)).probabilities
         assert np.ptp(probabilities) > 0, "priorities still all equal after 20 updates"
@@ -98,7 +89,7 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
 
 def test_actor_stops_at_its_env_step_budget():
     with launchers.launch(_program(actor_steps=300), "local") as running:
-        assert _wait_until(lambda: running.client("actor").counters()["env_steps"] >= 300, 120)
+        assert fakes.wait_until(lambda: running.client("actor").counters()["env_steps"] >= 300, 120)
         counters = running.client("actor").counters()
         assert 300 <= counters["env_steps"] < 300 + 4  # one vector step of 4 envs at most
         assert counters["episodes"] >= 1
