@@ -112,7 +112,12 @@ class LearnerNode(program.Worker):
         super().__init__()
         self._builder, self._monitor = builder, monitor
         self._report_interval_s = report_interval_s
-        self._devices = jax.local_devices()[: num_devices or None]
+        available = jax.local_devices()
+        if num_devices > len(available):
+            raise ValueError(
+                f"num_learner_devices={num_devices} but this host has {len(available)} devices"
+            )
+        self._devices = available[: num_devices or None]
         builder.validate(len(self._devices))
         self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)

@@ -4,6 +4,7 @@ import dataclasses
 import functools
 
 import numpy as np
+import pytest
 
 from agents import dqn
 from gorila_jax import actor, envs, launchers, learner, program, replay
@@ -93,3 +94,13 @@ def test_actor_stops_at_its_env_step_budget():
         counters = running.client("actor").counters()
         assert 300 <= counters["env_steps"] < 300 + 4  # one vector step of 4 envs at most
         assert counters["episodes"] >= 1
+
+
+def test_learner_rejects_more_devices_than_the_host_has():
+    builder = dqn.DQNBuilder(CONFIG)
+    replay_node = replay.ReplayNode(functools.partial(builder.replay_tables, SPEC))
+    try:
+        with pytest.raises(ValueError, match="num_learner_devices=8 but this host has 4"):
+            learner.LearnerNode(builder, SPEC, replay_node, None, 0, num_devices=8)
+    finally:
+        replay_node.close()
