@@ -195,9 +195,6 @@ class LearnerNode(program.Worker):
             self._host_params = cached
         return cached
 
-    def steps(self) -> int:
-        return self._steps
-
     def close(self) -> None:
         if self._priorities is not None:
             self._priorities.close()

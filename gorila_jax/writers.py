@@ -127,7 +127,6 @@ class TransitionWriter:
         self._pending = 0
         self._stop_event = stop_event or threading.Event()
         self._timeout_ms = timeout_ms
-        self.items_written = 0
 
     def write(self, batch: types.PyTree, priorities: np.ndarray) -> None:
         """Writes batch[i] as one item with priority priorities[i]; may block (rate limiter)."""
@@ -140,7 +139,6 @@ class TransitionWriter:
             self._pending += 1
             if self._pending >= self._max_pending:
                 self.flush(block_until_num_items=self._max_pending // 2)
-        self.items_written += len(priorities)
 
     def flush(self, block_until_num_items: int = 0) -> None:
         """Waits until at most `block_until_num_items` items are unconfirmed.
