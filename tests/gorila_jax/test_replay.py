@@ -30,8 +30,8 @@ def _server(limiter, max_size: int = 1000) -> reverb.Server:
     return reverb.Server([table])
 
 
-def _write(client: reverb.Client, transitions: types.Transition, **writer_options) -> None:
-    writer = writers.TransitionWriter(client, TABLE, **writer_options)
+def _write(client: reverb.Client, transitions: types.Transition) -> None:
+    writer = writers.TransitionWriter(client, TABLE)
     writer.write(CODEC.encode(transitions), np.ones(len(transitions.reward)))
     writer.flush()
 
