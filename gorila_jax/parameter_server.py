@@ -1,0 +1,124 @@
+"""Gorila's sharded parameter server: each shard owns a slice of the flat parameters.
+
+The parameter pytree is flattened into one float32 vector and cut into
+`num_shards` contiguous slices of (nearly) equal length, so shards balance by
+bytes, not by layer count: one 3136x512 layer would otherwise sit on one shard.
+Each shard applies the agent's optimizer to its slice. This is exact for
+elementwise optimizers (SGD with momentum, RMSProp, Adam), which is why the
+agents clip whole gradients on the workers before they are split.
+"""
+
+import threading
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.flatten_util import ravel_pytree
+
+from gorila_jax import compression
+
+
+class ShardLayout:
+    """Splits a pytree into `num_shards` flat float32 slices and joins them back.
+
+    Args:
+      example: a pytree with the parameters' structure, shapes and dtypes.
+      num_shards: how many slices.
+    """
+
+    def __init__(self, example: Any, num_shards: int):
+        flat, self._unravel = ravel_pytree(example)
+        if num_shards < 1 or num_shards > flat.size:
+            raise ValueError(f"num_ps_shards must lie in [1, {flat.size}], got {num_shards}")
+        self.size = int(flat.size)
+        # np.array_split's rule: the first size % n slices are one longer.
+        bounds = np.cumsum(
+            [0] + [len(part) for part in np.array_split(np.empty(flat.size), num_shards)]
+        )
+        self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.slices)
+
+    def flatten(self, tree: Any) -> np.ndarray:
+        flat, _ = ravel_pytree(tree)
+        if flat.size != self.size:
+            raise ValueError(f"expected {self.size} parameters, got {flat.size}")
+        return np.asarray(flat, np.float32)
+
+    def split(self, tree: Any) -> list[np.ndarray]:
+        flat = self.flatten(tree)
+        return [flat[part] for part in self.slices]
+
+    def join(self, parts: list[np.ndarray]) -> Any:
+        if [len(p) for p in parts] != [s.stop - s.start for s in self.slices]:
+            raise ValueError(
+                f"slice lengths {[len(p) for p in parts]} do not match the layout "
+                f"{[s.stop - s.start for s in self.slices]}"
+            )
+        return self._unravel(jnp.asarray(np.concatenate(parts)))
+
+
+class PushResult(NamedTuple):
+    applied: bool
+    version: int  # the shard's version after the push
+    staleness: int  # versions applied since the one the gradient was computed on
+
+
+class ParameterShard:
+    """One shard: its parameter slice, its optimizer state and a version counter.
+
+    Reads never wait: `(version, params)` is one tuple swapped in by reference,
+    so a reader sees either the old or the new pair, never a half-applied
+    update. Pushes are applied one at a time under a lock, so the version goes
+    up exactly once per applied update even when workers push concurrently
+    (the brief's shard lock). A gradient computed on a version more than
+    `max_staleness` behind is dropped and counted (Gorila's staleness rule).
+
+    Args:
+      initial: this shard's slice of the initial flat parameters.
+      optimizer: an elementwise optax optimizer (the agent's).
+      max_staleness: largest accepted version gap; negative accepts any.
+    """
+
+    def __init__(
+        self, initial: np.ndarray, optimizer: optax.GradientTransformation, max_staleness: int = -1
+    ):
+        initial = np.asarray(initial, np.float32)
+        self._optimizer = optimizer
+        self._opt_state = optimizer.init(jnp.asarray(initial))
+        self._current = (0, initial)
+        self._max_staleness = max_staleness
+        self._update_lock = threading.Lock()
+        self._apply = jax.jit(self._apply_fn)
+        self.counters = {"applied": 0, "dropped_stale": 0, "staleness_sum": 0, "bytes_in": 0}
+
+    def _apply_fn(self, params, opt_state, grads):
+        updates, opt_state = self._optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def get(self, newer_than: int = -1) -> tuple[int, np.ndarray] | None:
+        """(version, slice), or None if the shard is not newer than `newer_than`."""
+        version, params = self._current
+        return None if version <= newer_than else (version, params)
+
+    def push(self, gradient: compression.Encoded, version_used: int) -> PushResult:
+        """Applies one (compressed) gradient slice computed on `version_used`."""
+        grads = compression.decode(gradient)
+        with self._update_lock:
+            version, params = self._current
+            staleness = version - version_used
+            self.counters["bytes_in"] += gradient.nbytes
+            if grads.size != params.size:
+                raise ValueError(f"gradient slice has {grads.size} values, shard has {params.size}")
+            if 0 <= self._max_staleness < staleness:
+                self.counters["dropped_stale"] += 1
+                return PushResult(False, version, staleness)
+            new_params, self._opt_state = self._apply(params, self._opt_state, grads)
+            self._current = (version + 1, np.asarray(new_params))
+            self.counters["applied"] += 1
+            self.counters["staleness_sum"] += staleness
+            return PushResult(True, version + 1, staleness)
