@@ -1,13 +1,16 @@
 """How much the learner node loses on top of the update and the sampling it cannot avoid.
 
-Measures, each alone and in this run, at one batch size:
+Measures, each alone and in this run, at each batch size:
   (a) the bare pmapped update on a batch already in device memory;
   (b) Reverb dataset sampling of batches of that size, with prefetch;
 then (c) learner-node updates per second fed from a filled Reverb table,
-priority updates on. Prints all and ratio = c / min(a, b). Last line: JSON.
+priority updates on. Prints all and ratio = c / min(a, b). Last line: JSON,
+the figures of one batch size at the top level; with several sizes, a
+"results" list of those, one per size.
 
   python bench/learner_throughput.py --env=CartPole-v1 --batch_size=256
   python bench/learner_throughput.py --env=Pong-v5 --batch_size=256
+  python bench/learner_throughput.py --env=Pong-v5 --precision=bf16 --batch_size=256,512,1024
 """
 
 import dataclasses
@@ -30,7 +33,12 @@ from gorila_jax import envs, learner, parallel, replay, types, writers  # noqa: 
 from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
-_BATCH = flags.DEFINE_integer("batch_size", 256, "Learner batch.")
+_BATCH = flags.DEFINE_multi_string(
+    "batch_size", ["256"], "Learner batch; repeat the flag or give a comma list for several."
+)
+_PRECISION = flags.DEFINE_enum(
+    "precision", "fp32", ["fp32", "bf16", "fp16"], "Learner compute precision."
+)
 _ITEMS = flags.DEFINE_integer("items", 20_000, "Transitions in the table.")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
 
@@ -50,12 +58,15 @@ def _random_transitions(spec: types.EnvSpec, count: int, seed: int = 0) -> types
     )
 
 
-def _rate(fn, seconds: float) -> float:
+def _rate(fn, seconds: float, drain=lambda: None) -> float:
+    """Calls of `fn` per second; `drain` waits for work `fn` only dispatched."""
     fn()
+    drain()
     calls, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         fn()
         calls += 1
+    drain()
     return calls / (time.perf_counter() - start)
 
 
@@ -77,12 +88,59 @@ def bare_update(builder, spec, batch_size: int, seconds: float) -> float:
     return _rate(one_update, seconds)
 
 
+def _batch_sizes(values: list[str]) -> list[int]:
+    try:
+        sizes = [int(v) for value in values for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise app.UsageError(f"--batch_size takes integers, got {values}") from None
+    if not sizes or min(sizes) <= 0:
+        raise app.UsageError(f"--batch_size must be positive, got {values}")
+    return sizes
+
+
+def measure(config, spec, address: str, seconds: float) -> dict:
+    """(a), (b) and (c) at `config.batch_size`, from the table at `address`."""
+    builder = dqn.DQNBuilder(config)
+    a = bare_update(builder, spec, config.batch_size, seconds)
+    batches = replay.batches(
+        address, dqn.builder.TABLE, config.batch_size, builder.item_codec(spec)
+    )
+    b = _rate(lambda: next(batches), seconds)
+    replay_handle = type("Replay", (), {"address": lambda self: address})()
+    node = learner.LearnerNode(builder, spec, replay_handle, None, seed=0)
+    # node.step returns once the update is dispatched; fetching the published
+    # parameters waits for the last one, so only finished updates count.
+    c = _rate(functools.partial(node.step, timeout=60.0), seconds, drain=node.get_params)
+    node.stop()
+    node.close()
+    ratio = c / min(a, b)
+    print(
+        f"(a) bare update          {a:10,.1f} updates/s (batch {config.batch_size}, "
+        f"{config.precision}, {jax.local_device_count()} device(s))"
+    )
+    print(f"(b) Reverb sampling      {b:10,.1f} batches/s")
+    print(f"(c) learner node         {c:10,.1f} updates/s (priority updates on)")
+    print(f"ratio c/min(a,b)         {ratio:10.2f}", flush=True)
+    return {
+        "batch_size": config.batch_size,
+        "bare_updates_per_s": a,
+        "sampled_batches_per_s": b,
+        "learner_updates_per_s": c,
+        "ratio": ratio,
+    }
+
+
 def main(argv):
     del argv
+    sizes = _batch_sizes(_BATCH.value)
     spec = envs.env_spec(_ENV.value)
     config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
     config = dataclasses.replace(
-        config, batch_size=_BATCH.value, min_replay_size=1, max_replay_size=_ITEMS.value
+        config,
+        batch_size=sizes[0],
+        precision=_PRECISION.value,
+        min_replay_size=1,
+        max_replay_size=_ITEMS.value,
     )
     builder = dqn.DQNBuilder(config)
     # A table without the samples-per-insert limit: we measure the learner, not the ratio.
@@ -96,34 +154,19 @@ def main(argv):
         writer.write(codec.encode(_random_transitions(spec, count, seed=start)), np.ones(count))
     writer.flush()
 
-    a = bare_update(builder, spec, _BATCH.value, _SECONDS.value)
-    batches = replay.batches(address, dqn.builder.TABLE, _BATCH.value, codec)
-    b = _rate(lambda: next(batches), _SECONDS.value)
-    replay_handle = type("Replay", (), {"address": lambda self: address})()
-    node = learner.LearnerNode(builder, spec, replay_handle, None, seed=0)
-    c = _rate(functools.partial(node.step, timeout=60.0), _SECONDS.value)
-    node.stop()
-    node.close()
-    ratio = c / min(a, b)
-    print(
-        f"(a) bare update          {a:10,.1f} updates/s (batch {_BATCH.value}, "
-        f"{jax.local_device_count()} device(s))"
-    )
-    print(f"(b) Reverb sampling      {b:10,.1f} batches/s")
-    print(f"(c) learner node         {c:10,.1f} updates/s (priority updates on)")
-    print(f"ratio c/min(a,b)         {ratio:10.2f}")
+    results = [
+        measure(dataclasses.replace(config, batch_size=size), spec, address, _SECONDS.value)
+        for size in sizes
+    ]
+    header = {
+        "bench": "learner_throughput",
+        "env": spec.env_id,
+        "precision": _PRECISION.value,
+        "devices": jax.local_device_count(),
+    }
     print(
         json.dumps(
-            {
-                "bench": "learner_throughput",
-                "env": spec.env_id,
-                "batch_size": _BATCH.value,
-                "devices": jax.local_device_count(),
-                "bare_updates_per_s": a,
-                "sampled_batches_per_s": b,
-                "learner_updates_per_s": c,
-                "ratio": ratio,
-            }
+            {**header, **results[0]} if len(results) == 1 else {**header, "results": results}
         )
     )
     server.stop()

@@ -1,6 +1,8 @@
 """The actor node: an envpool vector env, a jitted policy on a local parameter copy, an adder."""
 
 import concurrent.futures
+import logging
+import threading
 import time
 from typing import Any
 
@@ -9,17 +11,17 @@ import numpy as np
 import reverb
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, program, types, writers
+from gorila_jax import envs, gorila, program, types, writers
 
 
 class EpisodeTracker:
     """Running returns and lengths of E envs; collects those of finished episodes."""
 
-    def __init__(self, num_envs: int):
+    def __init__(self, num_envs: int, episodes: int = 0):
         self._returns = np.zeros(num_envs, np.float64)
         self._lengths = np.zeros(num_envs, np.int64)
         self.finished_returns: list[float] = []
-        self.episodes = 0
+        self.episodes = episodes
 
     def update(self, reward, ended, valid) -> None:
         self._returns += np.where(valid, reward, 0.0)
@@ -83,6 +85,9 @@ class ActorNode(program.Worker):
       max_env_steps: stop after this many env steps (0: run until stopped).
       env_threads: envpool worker threads; 1 suits cheap envs on few cores,
         more pay off for expensive ones (Atari, MuJoCo) when cores are free.
+      restored_counters: this actor's counters when the run was checkpointed
+        (see `counters`); env steps (the exploration schedule's position) and
+        episodes continue from them.
     """
 
     def __init__(
@@ -92,7 +97,7 @@ class ActorNode(program.Worker):
         actor_index: int,
         num_actors: int,
         replay_client: program.Client,
-        learner: program.Client,
+        learner: program.Client | list[program.Client],
         monitor: program.Client | None,
         seed: int,
         num_envs: int,
@@ -100,22 +105,28 @@ class ActorNode(program.Worker):
         report_interval_s: float = 1.0,
         max_env_steps: int = 0,
         env_threads: int = 1,
+        restored_counters: dict[str, int] | None = None,
     ):
         super().__init__()
         self.name = f"actor/{actor_index}"
         self._builder, self._spec = builder, spec
-        self._learner, self._monitor = learner, monitor
+        self._learner = gorila.parameter_source(learner, builder, spec, seed, self.name)
+        self._monitor = monitor
         self._num_envs, self._pull_interval = num_envs, param_pull_interval
         self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps
         self._env_threads = env_threads
         # fold_in by index: adding actors never changes the streams of existing ones.
         self._key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
-        self._env_seed = int(jax.random.randint(self._key, (), 0, 2**31 - 1))
+        restored_counters = restored_counters or {}
+        self.env_steps = int(restored_counters.get("env_steps", 0))
+        # A resumed actor must not replay the episodes its envs already played.
+        env_key = jax.random.fold_in(self._key, self.env_steps) if self.env_steps else self._key
+        self._env_seed = int(jax.random.randint(env_key, (), 0, 2**31 - 1))
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
         self._replay_address = replay_client.address()
-        self.env_steps = 0
         self.param_version = -1
-        self.episodes = EpisodeTracker(num_envs)
+        self.episodes = EpisodeTracker(num_envs, int(restored_counters.get("episodes", 0)))
+        self._finished = threading.Event()
 
     def run(self) -> None:
         env = envs.make_env(
@@ -138,12 +149,13 @@ class ActorNode(program.Worker):
                 env.send(action)
                 if unwritten is not None:
                     adder.add(unwritten)
-                next_obs, reward, terminated, truncated, _ = env.recv()
+                next_obs, reward, terminated, truncated, info = env.recv()
                 unwritten = types.EnvStep(
                     obs, action, reward, terminated, truncated, next_obs, valid
                 )
                 ended = valid & (terminated | truncated)
-                self.episodes.update(reward, ended, valid)
+                raw_reward, game_over = envs.game_signals(reward, terminated, truncated, info)
+                self.episodes.update(raw_reward, valid & game_over, valid)
                 self.env_steps += int(valid.sum())
                 self.param_version = puller.version
                 valid, obs = ~ended, next_obs
@@ -155,9 +167,16 @@ class ActorNode(program.Worker):
         except writers.Stopped:
             pass  # the rate limiter held our inserts while we were asked to stop
         finally:
-            self._report()
-            adder.close()
-            env.close()
+            try:
+                adder.close()
+                env.close()
+                self._final_report()
+            finally:
+                self._finished.set()
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Blocks until `run` has returned and its last counters reached the monitor, or timeout."""
+        return self._finished.wait(timeout)
 
     def _budget_spent(self) -> bool:
         return 0 < self._max_env_steps <= self.env_steps
@@ -175,3 +194,15 @@ class ActorNode(program.Worker):
             self._monitor.futures.report(
                 self.name, self.counters(), episode_returns=self.episodes.take_returns()
             )
+
+    def _final_report(self) -> None:
+        # Blocking, unlike `_report`: the final checkpoint reads these counters
+        # from the monitor once `wait_finished` says the actor is done.
+        if self._monitor is None:
+            return
+        try:
+            self._monitor.report(
+                self.name, self.counters(), episode_returns=self.episodes.take_returns()
+            )
+        except Exception:  # noqa: BLE001  a monitor already gone only loses this report
+            logging.exception("%s: final report to the monitor failed", self.name)

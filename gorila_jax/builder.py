@@ -41,12 +41,44 @@ class UpdateFns(NamedTuple):
     """Per-device functions, run by the learner under `jax.pmap`.
 
     compute_grads(state, SampledBatch) -> (grads, StepInfo); grads are averaged
-      over devices and clipped as a whole (a parameter server gets slices).
+      over devices and clipped (a parameter server gets slices, so any clip
+      that needs the whole gradient happens here), possibly wrapped in
+      `precision.CheckedGrads` with the step's skip flag. StepInfo.metrics
+      holds at least "loss" (Gorila workers filter outliers on it).
     apply_grads(state, grads) -> state; elementwise over the parameters.
     """
 
     compute_grads: Callable[[Any, SampledBatch], tuple[Any, StepInfo]]
     apply_grads: Callable[[Any, Any], Any]
+
+
+# ((first learner step, global batch size), ...), sorted by step, first step 0.
+BatchSchedule = tuple[tuple[int, int], ...]
+
+
+def growing_batch_schedule(start: int, maximum: int, growth_steps: int) -> BatchSchedule:
+    """The batch doubles from `start` until it reaches `maximum`, in even steps.
+
+    Doubling (not a linear ramp) keeps the number of distinct sizes, and so of
+    learner recompilations, at log2(maximum / start) + 1. `maximum` <= `start`
+    gives a fixed batch.
+    """
+    sizes = [start]
+    while sizes[-1] < maximum:
+        sizes.append(min(2 * sizes[-1], maximum))
+    if len(sizes) == 1:
+        return ((0, start),)
+    stride = growth_steps / (len(sizes) - 1)
+    return tuple((round(index * stride), size) for index, size in enumerate(sizes))
+
+
+def batch_size_at(schedule: BatchSchedule, learner_step: int) -> int:
+    """The global batch size the schedule gives at `learner_step`."""
+    size = schedule[0][1]
+    for first_step, scheduled in schedule:
+        if learner_step >= first_step:
+            size = scheduled
+    return size
 
 
 class Adder(Protocol):
@@ -68,10 +100,14 @@ class AgentBuilder(Protocol):
 
     @property
     def batch_size(self) -> int:
-        """The global learner batch, split over learner devices."""
+        """The global learner batch (the first, if it grows), split over learner devices."""
 
-    def validate(self, num_learner_devices: int) -> None:
-        """Raises ValueError for a config that cannot run on this many devices."""
+    @property
+    def batch_schedule(self) -> BatchSchedule:
+        """The global batch size by learner step; `((0, batch_size),)` when it is fixed."""
+
+    def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
+        """Raises ValueError for a config that cannot run on this many devices (or env)."""
 
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         """How one item of the sampled table is packed (actors) and unpacked (learner)."""
@@ -92,6 +128,19 @@ class AgentBuilder(Protocol):
 
     def actor_params(self, state: Any) -> types.Params:
         """The part of the learner state that actors act with."""
+
+    # Gorila mode: parameter-server shards own the trainable parameters and
+    # apply the agent's elementwise optimizer to their slices; gradient
+    # workers keep the rest of the state (targets, counters) themselves.
+
+    def shard_optimizer(self) -> Any:
+        """The optax optimizer a shard applies to its slice (must be elementwise)."""
+
+    def trainable_params(self, state: Any) -> types.Params:
+        """The parameters the gradients of `update_fns().compute_grads` are for."""
+
+    def with_params(self, state: Any, params: types.Params, step: int) -> Any:
+        """A worker's state on parameters pulled from the shards at global update `step`."""
 
     def make_policy(
         self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool

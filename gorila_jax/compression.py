@@ -14,8 +14,9 @@ Schemes for gradients (worker -> parameter server):
           worker keeps what the signs lost (error feedback, Seide et al.,
           2014) and adds it to its next gradient, so no update is lost, only
           delayed.
-  sparse  values with |g| >= threshold as (int32 index, float32 value)
-          pairs; smaller values are dropped.
+  sparse  values with |g| >= threshold, with their int32 indices or, when
+          more than 1 in 32 values are kept, a 1-bit mask of where they are
+          (cheaper then); smaller values are dropped.
 
 Parameters (parameter server -> actors) travel as deltas: see `DeltaEncoder`.
 """
@@ -67,8 +68,13 @@ def _onebit(values: np.ndarray) -> Encoded:
 
 
 def _sparse(values: np.ndarray, threshold: float) -> Encoded:
-    indices = np.flatnonzero(np.abs(values) >= threshold).astype(np.int32)
-    return Encoded("sparse", values.size, (indices, values[indices]))
+    """Kept values plus where they are: as int32 indices when few are kept
+    (4 bytes each), else as a 1-bit mask (size / 8 bytes), whichever is smaller."""
+    kept = np.abs(values) >= threshold
+    indices = np.flatnonzero(kept).astype(np.int32)
+    if indices.nbytes <= values.size // 8:
+        return Encoded("sparse", values.size, (indices, values[indices]))
+    return Encoded("sparse-mask", values.size, (np.packbits(kept), values[kept]))
 
 
 def decode(encoded: Encoded) -> np.ndarray:
@@ -80,10 +86,12 @@ def decode(encoded: Encoded) -> np.ndarray:
         signs, scales = arrays
         magnitudes = np.repeat(scales, BLOCK)[:size]
         return np.where(np.unpackbits(signs, count=size), magnitudes, -magnitudes)
-    if scheme == "sparse":
-        indices, values = arrays
+    if scheme in ("sparse", "sparse-mask"):
+        where, values = arrays
+        if scheme == "sparse-mask":
+            where = np.unpackbits(where, count=size).astype(bool)
         dense = np.zeros(size, np.float32)
-        dense[indices] = values
+        dense[where] = values
         return dense
     raise ValueError(f"unknown encoding {scheme!r}")
 

@@ -33,9 +33,53 @@ def check_env_id(env_id: str) -> None:
     raise ValueError(f"unknown env id {env_id!r}{hint}")
 
 
-def make_env(env_id: str, num_envs: int, seed: int, **env_kwargs: Any) -> Any:
+# The DQN preprocessing of Mnih et al. (2015) that envpool does not do by
+# default. envpool's Atari defaults already give the rest: 84x84 grayscale,
+# 4-frame stacks, frame skip 4 (max-pooled over the last two frames), up to 30
+# no-op starts, fire on reset, no sticky actions, and 27,000-step (108k-frame)
+# episodes. Training ends an "episode" at each lost life (bootstrapping stops
+# there) and clips rewards to [-1, 1]; evaluation plays whole games and sums
+# the raw score.
+_TRAINING_PREPROCESSING = {"episodic_life": True, "reward_clip": True}
+_EVALUATION_PREPROCESSING = {"episodic_life": False, "reward_clip": False}
+
+
+@functools.cache
+def _config_fields(env_id: str) -> frozenset[str]:
+    return frozenset(envpool.make_spec(env_id).config._fields)
+
+
+def preprocessing(env_id: str, evaluation: bool) -> dict[str, Any]:
+    """envpool options of the training (or evaluation) preprocessing for `env_id`.
+
+    Applies to every env family whose envpool config has these options
+    (Atari); other envs get none.
+    """
+    options = _EVALUATION_PREPROCESSING if evaluation else _TRAINING_PREPROCESSING
+    fields = _config_fields(env_id)
+    return {name: value for name, value in options.items() if name in fields}
+
+
+def game_signals(reward, terminated, truncated, info) -> tuple[np.ndarray, np.ndarray]:
+    """(raw reward, whole game over) of one vector step, for reporting training returns.
+
+    With the training preprocessing, Atari rewards are clipped and an
+    "episode" ends at each lost life; users compare runs by game scores, so
+    returns are summed from envpool's unclipped `info["reward"]` until the
+    game really ends (`info["terminated"]`). Other envs: the step's own values.
+    """
+    raw_reward = info.get("reward", reward)
+    game_terminated = info["terminated"].astype(bool) if "lives" in info else terminated
+    return raw_reward, game_terminated | truncated
+
+
+def make_env(
+    env_id: str, num_envs: int, seed: int, evaluation: bool = False, **env_kwargs: Any
+) -> Any:
     """A gymnasium-API envpool vector env of `num_envs` copies, seeded with `seed`.
 
+    Training envs (the default) and evaluation envs differ in their
+    preprocessing (see `preprocessing`); `env_kwargs` override both.
     envpool resets an env on the step *after* it ended: that step returns the
     first observation of the new episode with reward 0 and ignores the action.
     """
@@ -43,7 +87,8 @@ def make_env(env_id: str, num_envs: int, seed: int, **env_kwargs: Any) -> Any:
     if num_envs < 1:
         raise ValueError(f"num_envs must be positive, got {num_envs}")
     _quiet_box_warnings()
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **env_kwargs)
+    options = {**preprocessing(env_id, evaluation), **env_kwargs}
+    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
 
 
 def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, program, types
+from gorila_jax import envs, gorila, program, types
 
 
 def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Array) -> np.ndarray:
@@ -33,7 +33,7 @@ def evaluate(
     seed: int,
 ) -> np.ndarray:
     """Returns of `num_episodes` episodes of the agent's evaluation policy."""
-    env = envs.make_env(spec.env_id, num_episodes, seed=seed)
+    env = envs.make_env(spec.env_id, num_episodes, seed=seed, evaluation=True)
     try:
         policy = builder.make_policy(spec, 0, 1, evaluation=True)
         return run_episodes(env, policy, jax.device_put(params), jax.random.PRNGKey(seed))
@@ -48,7 +48,7 @@ class EvaluatorNode(program.Worker):
         self,
         builder: builder_lib.AgentBuilder,
         spec: types.EnvSpec,
-        learner: program.Client,
+        learner: program.Client | list[program.Client],
         monitor: program.Client,
         seed: int,
         num_episodes: int,
@@ -56,11 +56,14 @@ class EvaluatorNode(program.Worker):
     ):
         super().__init__()
         self._builder, self._spec = builder, spec
-        self._learner, self._monitor = learner, monitor
+        self._learner = gorila.parameter_source(learner, builder, spec, seed, "evaluator")
+        self._monitor = monitor
         self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
 
     def run(self) -> None:
-        env = envs.make_env(self._spec.env_id, self._num_episodes, seed=self._seed, num_threads=1)
+        env = envs.make_env(
+            self._spec.env_id, self._num_episodes, seed=self._seed, evaluation=True, num_threads=1
+        )
         policy = self._builder.make_policy(self._spec, 0, 1, evaluation=True)
         key = jax.random.fold_in(jax.random.PRNGKey(self._seed), 2**20)
         version = 0  # version 0 is the initial, untrained network: not worth a look

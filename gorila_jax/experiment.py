@@ -1,17 +1,25 @@
 """The Gorila program graph for any agent, and the driver loop that runs and reports it."""
 
+import contextlib
 import dataclasses
 import functools
 import json
 import math
 import os
+import signal
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
-from gorila_jax import actor, envs, evaluation, launchers, learner, metrics, monitor, replay
+import jax
+
+from gorila_jax import actor, checkpoint, envs, evaluation, launchers, learner, metrics, monitor
 from gorila_jax import builder as builder_lib
 from gorila_jax import program as program_lib
-from gorila_jax import types
+from gorila_jax import compression, gorila, replay, types
+
+
+LEARNER_MODES = ("sync", "gorila")
 
 
 @dataclasses.dataclass
@@ -38,6 +46,25 @@ class ExperimentConfig:
       stop_at_eval_return: end the run early once an evaluation reaches this mean return.
       max_wall_time_s: end the run after this many seconds; 0 means no limit.
       log_interval_s: seconds between progress lines and metric rows.
+      checkpoint_interval_steps: learner steps between checkpoints of learner
+        and replay (in `<logdir>/checkpoints`); one more is taken when the run
+        stops. 0 disables checkpoints.
+      max_checkpoints_to_keep: older checkpoints are deleted. A replay
+        checkpoint holds the whole buffer (gigabytes for Atari).
+      resume: continue the run in `logdir` from its newest usable checkpoint.
+        Without it, a run in a logdir that has checkpoints deletes them.
+      tf32: TensorFloat-32 matmuls in the learner (GPUs only; CPUs ignore it).
+      learner_mode: "sync" (one pmapped learner) or "gorila" (asynchronous
+        gradient workers and parameter-server shards; gorila_jax/gorila.py).
+      num_learners: Gorila gradient workers.
+      num_ps_shards: Gorila parameter-server shards.
+      max_staleness: a shard drops gradients computed on parameters more than
+        this many of its versions old; negative accepts any.
+      async_update: a gradient worker pulls fresh parameters every this many gradients.
+      compression: how gradients travel to the shards (compression.GRADIENT_SCHEMES).
+      outlier_stds: a worker drops gradients whose loss is more than this many
+        standard deviations above its running mean; 0 disables the rule.
+      ps_cpus: CPUs each parameter-server shard asks Ray for.
     """
 
     env_id: str = "CartPole-v1"
@@ -60,6 +87,18 @@ class ExperimentConfig:
     stop_at_eval_return: float | None = None
     max_wall_time_s: float = 0.0
     log_interval_s: float = 2.0
+    checkpoint_interval_steps: int = 5000
+    max_checkpoints_to_keep: int = 2
+    resume: bool = False
+    tf32: bool = False
+    learner_mode: str = "sync"
+    num_learners: int = 2
+    num_ps_shards: int = 2
+    max_staleness: int = 8
+    async_update: int = 1
+    compression: str = "none"
+    outlier_stds: float = 4.0
+    ps_cpus: float = 0.5
 
     def validate(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
@@ -71,6 +110,10 @@ class ExperimentConfig:
             "total_env_steps",
             "eval_episodes",
             "log_interval_s",
+            "max_checkpoints_to_keep",
+            "num_learners",
+            "num_ps_shards",
+            "async_update",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -82,6 +125,9 @@ class ExperimentConfig:
             "cpus_per_actor",
             "eval_interval_s",
             "max_wall_time_s",
+            "checkpoint_interval_steps",
+            "outlier_stds",
+            "ps_cpus",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
@@ -90,20 +136,56 @@ class ExperimentConfig:
                 f"launcher must be one of {launchers.LAUNCHERS}, got {self.launcher!r}"
             )
         envs.check_env_id(self.env_id)
+        if self.learner_mode not in LEARNER_MODES:
+            raise ValueError(
+                f"learner_mode must be one of {LEARNER_MODES}, got {self.learner_mode!r}"
+            )
+        if self.compression not in compression.GRADIENT_SCHEMES:
+            raise ValueError(
+                f"compression must be one of {compression.GRADIENT_SCHEMES}, "
+                f"got {self.compression!r}"
+            )
+        if self.learner_mode == "gorila" and self.resume:
+            raise ValueError("resume: Gorila mode does not checkpoint yet (learner_mode=sync does)")
+        if self.resume and not self.checkpoint_interval_steps:
+            raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
+        if self.resume and not checkpoint.saved_steps(self.logdir):
+            raise ValueError(
+                f"resume: no checkpoint in {checkpoint.learner_dir(self.logdir)} "
+                "(is --logdir the one of the run to continue?)"
+            )
 
 
 def make_program(
-    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    resume: checkpoint.Restored | None = None,
 ) -> program_lib.Program:
-    """The Gorila graph: replay, monitor, learner, actors and an evaluator."""
+    """The Gorila graph: replay, monitor, learner, actors and an evaluator.
+
+    With `resume`, every node starts from that checkpoint: learner state and
+    replay from its step, counters, returns and evaluations from its meta.
+    """
     program = program_lib.Program("gorila")
     no_cpu = program_lib.Resources(num_cpus=0)
+    # Gorila mode's state lives in shards and workers: not checkpointed yet.
+    saving = cfg.checkpoint_interval_steps > 0 and cfg.learner_mode == "sync"
+    restore_step = resume.step if resume else None
+    meta = resume.meta if resume else {}
     with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
         replay_node = program.add_node(
-            replay.ReplayNode, functools.partial(builder.replay_tables, spec)
+            replay.ReplayNode,
+            functools.partial(builder.replay_tables, spec),
+            checkpoint_dir=checkpoint.replay_dir(cfg.logdir) if saving else None,
+            restore_step=restore_step,
         )
     with program.group("monitor", no_cpu):
-        monitor_node = program.add_node(monitor.MonitorNode)
+        monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
+    if cfg.learner_mode == "gorila":
+        shards = gorila.add_nodes(program, builder, cfg, spec, replay_node, monitor_node)
+        _add_actors_and_evaluator(program, builder, cfg, spec, replay_node, shards, monitor_node)
+        return program
     with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
         learner_node = program.add_node(
             learner.LearnerNode,
@@ -113,7 +195,51 @@ def make_program(
             monitor_node,
             cfg.seed,
             num_devices=cfg.num_learner_devices,
+            checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
+            checkpoint_interval_steps=cfg.checkpoint_interval_steps,
+            max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
+            restore_step=restore_step,
+            tf32=cfg.tf32,
         )
+    _add_actors_and_evaluator(
+        program,
+        builder,
+        cfg,
+        spec,
+        replay_node,
+        learner_node,
+        monitor_node,
+        meta.get("node_counters", {}),
+    )
+    return program
+
+
+def _add_actors_and_evaluator(
+    program: program_lib.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    replay_node: program_lib.Handle,
+    params_from: program_lib.Handle | list[program_lib.Handle],
+    monitor_node: program_lib.Handle,
+    restored_counters: dict[str, dict[str, int]] | None = None,
+) -> None:
+    """Actors, and the evaluator if evaluations are on; both read parameters
+    from `params_from`: the learner, or the list of Gorila shards."""
+    if cfg.eval_interval_s > 0:
+        with program.group("evaluator", program_lib.Resources(num_cpus=0)):
+            program.add_node(
+                evaluation.EvaluatorNode,
+                builder,
+                spec,
+                params_from,
+                monitor_node,
+                cfg.seed,
+                cfg.eval_episodes,
+                cfg.eval_interval_s,
+            )
+    nodes = (replay_node, params_from, monitor_node)
+    restored_counters = restored_counters or {}
     with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
         for index in range(cfg.num_actors):
             program.add_node(
@@ -122,27 +248,13 @@ def make_program(
                 spec,
                 index,
                 cfg.num_actors,
-                replay_node,
-                learner_node,
-                monitor_node,
+                *nodes,
                 cfg.seed,
                 cfg.num_envs_per_actor,
                 cfg.param_pull_interval,
                 env_threads=cfg.env_threads_per_actor,
+                restored_counters=restored_counters.get(f"actor/{index}"),
             )
-    if cfg.eval_interval_s > 0:
-        with program.group("evaluator", no_cpu):
-            program.add_node(
-                evaluation.EvaluatorNode,
-                builder,
-                spec,
-                learner_node,
-                monitor_node,
-                cfg.seed,
-                cfg.eval_episodes,
-                cfg.eval_interval_s,
-            )
-    return program
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -165,6 +277,19 @@ def _row(snapshot: dict[str, Any], previous: dict[str, Any], elapsed: float) -> 
     }
 
 
+def _totals(snapshot: dict[str, Any], wall_time: float) -> dict[str, Any]:
+    """The summary's counters and whole-run rates (a resumed run's wall time includes before)."""
+    return {
+        "env_steps": snapshot["env_steps"],
+        "episodes": snapshot["episodes"],
+        "learner_steps": snapshot["learner_steps"],
+        "wall_time_s": wall_time,
+        "env_steps_per_s": snapshot["env_steps"] / wall_time,
+        "learner_steps_per_s": snapshot["learner_steps"] / wall_time,
+        "mean_train_return": _finite_or_none(snapshot["mean_return"]),
+    }
+
+
 def _done(cfg: ExperimentConfig, snapshot: dict[str, Any], elapsed: float) -> str | None:
     if snapshot["env_steps"] >= cfg.total_env_steps:
         return "total_env_steps reached"
@@ -176,26 +301,30 @@ def _done(cfg: ExperimentConfig, snapshot: dict[str, Any], elapsed: float) -> st
     return None
 
 
-def run_experiment(
-    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, **launcher_options: Any
-) -> dict[str, Any]:
-    """Runs the program until a stop condition, evaluates, and writes summary.json.
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a scheduler, `kill`) stops the run like Ctrl-C: cleanly, after a checkpoint."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
 
-    Returns:
-      The summary: counters, rates, final greedy evaluation, evaluation history.
-    """
-    cfg.validate()
-    builder.validate(cfg.num_learner_devices or 1)
-    spec = envs.env_spec(cfg.env_id)
-    program = make_program(builder, cfg, spec)
-    if cfg.launcher == "ray" and cfg.ray_address:
-        launcher_options.setdefault("address", cfg.ray_address)
-    logger = metrics.MetricsLogger(cfg.logdir)
-    start = time.monotonic()
-    previous = {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
-    with launchers.launch(program, cfg.launcher, **launcher_options) as running:
-        monitor_client = running.client("monitor")
-        while True:
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _drive(running: Any, cfg: ExperimentConfig, logger: metrics.MetricsLogger, start: float) -> str:
+    """Polls the monitor, logs rows, until a stop condition (or an interrupt); returns why."""
+    monitor_client = running.client("monitor")
+    previous = logger.last_row or {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
+    reason = None
+    try:
+        while reason is None:
             time.sleep(min(0.25, cfg.log_interval_s))
             running.check()
             elapsed = time.monotonic() - start
@@ -206,31 +335,107 @@ def run_experiment(
                 logger.write(row)
                 print(metrics.progress_line(row), flush=True)
                 previous = row
-            if reason:
-                print(f"stopping: {reason}", flush=True)
-                break
-        params_version, params = running.client("learner").get_params()
-        evaluations = monitor_client.evaluations()
+    except KeyboardInterrupt:
+        return "interrupted"
+    return reason
+
+
+def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
+    """Stops actors and evaluator, then the learner, whose `run` ends with the final checkpoint.
+
+    Stopped actors insert nothing more and have reported their last counters,
+    so the final replay checkpoint and the counters saved with it agree.
+    """
+    actors = [running.client(f"actor/{index}") for index in range(cfg.num_actors)]
+    for node in actors:
+        node.stop()
+    if cfg.eval_interval_s > 0:
+        running.client("evaluator").stop()
+    for node in actors:
+        _wait_finished(running, node)
+    if cfg.learner_mode == "gorila":
+        for index in range(cfg.num_learners):
+            running.client(f"gradient_worker/{index}").stop()
+        return
+    learner_client = running.client("learner")
+    learner_client.stop()
+    _wait_finished(running, learner_client)
+
+
+def _final_params(
+    running: Any, builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+) -> tuple[int, Any]:
+    """(version, parameters) at the end: the learner's, or assembled from the Gorila shards."""
+    if cfg.learner_mode == "gorila":
+        shards = [running.client(f"parameter_server/{i}") for i in range(cfg.num_ps_shards)]
+        return gorila.sharded_parameters(shards, builder, spec, cfg.seed, "driver").get_params()
+    return running.client("learner").get_params()
+
+
+def _wait_finished(running: Any, node: program_lib.Client) -> None:
+    while not node.wait_finished(1.0):
+        running.check()  # a node that died instead of stopping raises here
+    running.check()
+
+
+def run_experiment(
+    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, **launcher_options: Any
+) -> dict[str, Any]:
+    """Runs the program until a stop condition, evaluates, and writes summary.json.
+
+    Ctrl-C or SIGTERM stop the run the same way (final checkpoint included),
+    skip the final evaluation and then raise KeyboardInterrupt.
+
+    Returns:
+      The summary: counters, rates, final greedy evaluation, evaluation history.
+    """
+    cfg.validate()
+    spec = envs.env_spec(cfg.env_id)
+    builder.validate(cfg.num_learner_devices or 1, spec)
+    key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0)
+    resume = checkpoint.prepare_logdir(
+        cfg.logdir, cfg.resume, builder, cfg, lambda: builder.init_train_state(key, spec)
+    )
+    program = make_program(builder, cfg, spec, resume)
+    if cfg.launcher == "ray" and cfg.ray_address:
+        launcher_options.setdefault("address", cfg.ray_address)
+    resume_env_steps = checkpoint.total(resume.meta, "env_steps") if resume else None
+    logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps)
+    # A resumed run's clock goes on from the last row kept: wall time stays the x-axis.
+    start = time.monotonic() - (logger.last_row or {"wall_time_s": 0.0})["wall_time_s"]
+    with (
+        _sigterm_as_interrupt(),
+        launchers.launch(program, cfg.launcher, **launcher_options) as running,
+    ):
+        reason = _drive(running, cfg, logger, start)
+        print(f"stopping: {reason}", flush=True)
+        _stop_in_order(running, cfg)
+        params_version, params = _final_params(running, builder, cfg, spec)
+        snapshot = running.client("monitor").snapshot()
+        evaluations = running.client("monitor").evaluations()
     wall_time = time.monotonic() - start
     logger.close()
-    final_returns = evaluation.evaluate(builder, spec, params, cfg.eval_episodes, cfg.seed + 1)
+    if cfg.checkpoint_interval_steps and cfg.learner_mode == "sync":
+        where = checkpoint.checkpoint_root(cfg.logdir)
+        print(f"checkpoint: learner step {params_version:,} in {where}", flush=True)
+    final_returns = None
+    if reason != "interrupted":
+        final_returns = evaluation.evaluate(builder, spec, params, cfg.eval_episodes, cfg.seed + 1)
     summary = {
         "env_id": cfg.env_id,
         "stop_reason": reason,
-        "env_steps": snapshot["env_steps"],
-        "episodes": snapshot["episodes"],
-        "learner_steps": snapshot["learner_steps"],
+        **_totals(snapshot, wall_time),
         "params_version": params_version,
-        "wall_time_s": wall_time,
-        "env_steps_per_s": snapshot["env_steps"] / wall_time,
-        "learner_steps_per_s": snapshot["learner_steps"] / wall_time,
-        "mean_train_return": _finite_or_none(snapshot["mean_return"]),
-        "final_eval_return": float(final_returns.mean()),
-        "final_eval_episodes": len(final_returns),
+        "final_eval_return": None if final_returns is None else float(final_returns.mean()),
+        "final_eval_episodes": 0 if final_returns is None else len(final_returns),
         "evaluations": evaluations,
+        "resumed_from_learner_step": resume.step if resume else None,
         "experiment": dataclasses.asdict(cfg),
         "agent_config": dataclasses.asdict(builder.config),
     }
     with open(os.path.join(cfg.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    if reason == "interrupted":
+        print("interrupted: final evaluation skipped; --resume continues the run", flush=True)
+        raise KeyboardInterrupt
     return summary

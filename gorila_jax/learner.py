@@ -11,7 +11,7 @@ import numpy as np
 import reverb
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import parallel, program, replay, types
+from gorila_jax import checkpoint, parallel, precision, program, replay, types
 
 
 def make_learner_step(update_fns: builder_lib.UpdateFns, actor_params: Callable[[Any], Any]):
@@ -34,27 +34,33 @@ class DevicePrefetcher:
 
     Keeps `size` batches ready so that the update loop only dispatches work;
     the tf.data -> numpy conversion and host->device copies overlap with it.
+    When `batch_size()` changes (a growing batch), the next batches are
+    sampled at the new size; up to `size` batches of the old size are still
+    used first.
     """
 
     def __init__(
         self,
-        make_batches: Callable[[], Iterator[replay.Batch]],
+        make_batches: Callable[[int], Iterator[replay.Batch]],
+        batch_size: Callable[[], int],
         devices: list,
         stop_event: threading.Event,
         size: int = 2,
     ):
-        self._make_batches, self._devices, self._stop_event = make_batches, devices, stop_event
+        self._make_batches, self._batch_size = make_batches, batch_size
+        self._devices, self._stop_event = devices, stop_event
         self._queue: queue.Queue = queue.Queue(size)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="device-prefetch", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
-        batches = None
+        batches, current_size = None, None
         try:
             while not self._stop_event.is_set():
-                if batches is None:
-                    batches = self._make_batches()
+                wanted_size = self._batch_size()
+                if batches is None or wanted_size != current_size:
+                    batches, current_size = self._make_batches(wanted_size), wanted_size
                 try:
                     batch = next(batches)
                 except StopIteration:  # the rate limiter held samples back; try again
@@ -86,6 +92,16 @@ class DevicePrefetcher:
             return None
 
 
+def sampler(
+    server_address: str, table: str, codec: replay.ItemCodec, batch_size: int
+) -> Iterator[replay.Batch]:
+    """`replay.batches` with the batch size last, as `DevicePrefetcher` calls it."""
+    return replay.batches(server_address, table, batch_size, codec)
+
+
+_NAME = "learner/0"  # the learner's name in monitor reports and checkpointed counters
+
+
 class LearnerNode(program.Worker):
     """Turns replay batches into updates on all local devices and serves parameters.
 
@@ -97,6 +113,13 @@ class LearnerNode(program.Worker):
       seed: root seed; the learner's key is fold_in(seed key, 0).
       num_devices: local devices to pmap over; 0 takes them all.
       report_interval_s: how often counters and metrics go to the monitor.
+      checkpoint_dir: the run's learner checkpoint directory (absolute); None
+        disables checkpoints.
+      checkpoint_interval_steps: learner steps between checkpoints; the last
+        one is taken when `run` ends. 0: only that last one.
+      max_checkpoints_to_keep: older checkpoints (and their replay) are deleted.
+      restore_step: start from the checkpoint of this learner step.
+      tf32: TensorFloat-32 matmuls on GPUs (`precision.use_tf32`).
     """
 
     def __init__(
@@ -108,9 +131,15 @@ class LearnerNode(program.Worker):
         seed: int,
         num_devices: int = 0,
         report_interval_s: float = 1.0,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval_steps: int = 0,
+        max_checkpoints_to_keep: int = 2,
+        restore_step: int | None = None,
+        tf32: bool = False,
     ):
         super().__init__()
-        self._builder, self._monitor = builder, monitor
+        precision.use_tf32(tf32)
+        self._builder, self._monitor, self._replay = builder, monitor, replay_client
         self._report_interval_s = report_interval_s
         available = jax.local_devices()
         if num_devices > len(available):
@@ -121,30 +150,61 @@ class LearnerNode(program.Worker):
         builder.validate(len(self._devices))
         self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
-        self._state = parallel.replicate(builder.init_train_state(key, spec), self._devices)
+        self._checkpoints = None
+        if checkpoint_dir is not None:
+            self._checkpoints = checkpoint.LearnerCheckpoints(
+                checkpoint_dir, max_checkpoints_to_keep
+            )
+        self._checkpoint_interval = checkpoint_interval_steps
+        state, self._steps = self._initial_state(spec, seed, restore_step)
+        self._last_checkpoint_step = self._steps
+        self._state = parallel.replicate(state, self._devices)
         self._step_fn = parallel.pmap_step(
             make_learner_step(builder.update_fns(spec), builder.actor_params),
             self._devices,
             out_axes=(0, 0, None),
         )
-        self._steps = 0
+        # Held while the state is replaced or read for a checkpoint: a step
+        # donates the old state's buffers, so a checkpoint must not read them then.
+        self._state_lock = threading.Lock()
         self._params_lock = threading.Lock()
         self._published: Any = parallel.unreplicate(builder.actor_params(self._state))
         self._host_params: tuple[int, Any] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         self._priorities: replay.PriorityUpdater | None = None
         self._last_info: builder_lib.StepInfo | None = None
+        self._last_batch_size = 0
+        self._finished = threading.Event()
+        self._run_error: BaseException | None = None
+
+    def _initial_state(self, spec: types.EnvSpec, seed: int, restore_step: int | None):
+        """(state, learner steps): the agent's fresh state, or the one saved at `restore_step`."""
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
+        state = self._builder.init_train_state(key, spec)
+        if restore_step is None:
+            return state, 0
+        if self._checkpoints is None:
+            raise ValueError("restore_step needs a checkpoint_dir")
+        # The fresh state only lends its structure, shapes and dtypes: the
+        # skeleton never looks inside an agent's state.
+        state, meta = self._checkpoints.restore(restore_step, jax.device_get(state))
+        return state, int(meta["learner_steps"])
+
+    def batch_size(self) -> int:
+        """The global batch the schedule gives at the current learner step."""
+        return builder_lib.batch_size_at(self._builder.batch_schedule, self._steps)
+
+    def last_batch_size(self) -> int:
+        """The global batch of the latest update (0 before the first)."""
+        return self._last_batch_size
 
     def _start_sampling(self) -> None:
         make_batches = functools.partial(
-            replay.batches,
-            self._server_address,
-            self._builder.sample_table,
-            self._builder.batch_size,
-            self._codec,
+            sampler, self._server_address, self._builder.sample_table, self._codec
         )
-        self._prefetcher = DevicePrefetcher(make_batches, self._devices, self._stop_event)
+        self._prefetcher = DevicePrefetcher(
+            make_batches, self.batch_size, self._devices, self._stop_event
+        )
         client = reverb.Client(self._server_address)
         self._priorities = replay.PriorityUpdater(client, self._builder.sample_table)
 
@@ -156,32 +216,90 @@ class LearnerNode(program.Worker):
         if item is None:
             return False
         keys, batch = item
-        self._state, info, published = self._step_fn(self._state, batch)
-        if info.priorities is not None:
+        self._last_batch_size = keys.size
+        with self._state_lock:
+            self._state, info, published = self._step_fn(self._state, batch)
+            with self._params_lock:
+                self._steps += 1
+                self._published = published
+        if info.priorities is not None and self._priorities is not None:
             # The updater thread waits for the device; this thread dispatches the next step.
             self._priorities.submit(keys, info.priorities)
         self._last_info = info
-        with self._params_lock:
-            self._steps += 1
-            self._published = published
         return True
 
     def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as error:
+            self._run_error = error
+            raise
+        finally:
+            self._finished.set()
+
+    def _run(self) -> None:
         last_report = 0.0
         while not self.stopping:
             self.step()
             if time.monotonic() - last_report >= self._report_interval_s:
                 self._report()
                 last_report = time.monotonic()
-        self._report()
+            interval = self._checkpoint_interval
+            if interval and self._steps - self._last_checkpoint_step >= interval:
+                self.save_checkpoint()
+        self._report(block=True)  # the driver's summary reads the final count
+        if self._checkpoints is not None:
+            self._close_priorities()  # the final checkpoint holds every priority sent
+            self.save_checkpoint()
 
-    def _report(self) -> None:
+    def wait_finished(self, timeout: float) -> bool:
+        """Blocks until `run` has returned (after its final checkpoint), or timeout.
+
+        Raises:
+          RuntimeError: if `run` failed (the final checkpoint, for example).
+        """
+        finished = self._finished.wait(timeout)
+        if self._run_error is not None:
+            raise RuntimeError(f"{_NAME} failed: {self._run_error!r}") from self._run_error
+        return finished
+
+    def save_checkpoint(self) -> int:
+        """Checkpoints replay, then the learner state, at the current learner step.
+
+        The replay goes first and deletes its old checkpoints last: a learner
+        checkpoint on disk always has its replay checkpoint beside it, even
+        after a crash at any point (see `gorila_jax.checkpoint`). Counters,
+        recent returns and evaluations come from the monitor; a periodic
+        checkpoint sees them up to one report interval late. Learning pauses
+        while the replay is written.
+
+        Returns:
+          The learner step saved.
+        """
+        if self._checkpoints is None:
+            raise RuntimeError("this learner was built without a checkpoint_dir")
+        with self._state_lock:
+            step = self._steps
+            replay_info = self._replay.checkpoint(step)
+            state = jax.device_get(parallel.unreplicate(self._state))
+            meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
+            meta.setdefault("node_counters", {})[_NAME] = {"learner_steps": step}
+            meta.update(learner_steps=step, replay=replay_info, unix_time=time.time())
+            self._checkpoints.save(step, state, meta)  # orbax deletes its old ones here
+        # Only now, with the new pair complete, may the replay drop the old ones.
+        self._replay.keep_checkpoints(self._checkpoints.steps())
+        self._last_checkpoint_step = step
+        return step
+
+    def _report(self, block: bool = False) -> None:
         if self._monitor is None:
             return
         metrics = {}
         if self._last_info is not None:
             metrics = {k: float(np.asarray(v)[0]) for k, v in self._last_info.metrics.items()}
-        self._monitor.futures.report("learner/0", {"learner_steps": self._steps}, metrics=metrics)
+            metrics["batch_size"] = self._last_batch_size
+        report = self._monitor.report if block else self._monitor.futures.report
+        report(_NAME, {"learner_steps": self._steps}, metrics=metrics)
 
     def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
         """(version, numpy params) of the latest update, or None if not newer than `newer_than`."""
@@ -195,6 +313,12 @@ class LearnerNode(program.Worker):
             self._host_params = cached
         return cached
 
-    def close(self) -> None:
+    def _close_priorities(self) -> None:
         if self._priorities is not None:
             self._priorities.close()
+            self._priorities = None
+
+    def close(self) -> None:
+        self._close_priorities()
+        if self._checkpoints is not None:
+            self._checkpoints.close()

@@ -15,14 +15,32 @@ PROGRESS_FORMAT = (
 
 
 class MetricsLogger:
-    """Writes one row per call to CSV and TensorBoard (x-axis: env steps)."""
+    """Writes one row per call to CSV and TensorBoard (x-axis: env steps).
 
-    def __init__(self, logdir: str):
+    Args:
+      logdir: where metrics.csv and the event files go.
+      resume_env_steps: continue the curve of a resumed run, whose checkpoint
+        was taken at this many env steps: rows past it (written between that
+        checkpoint and a crash) are dropped from the CSV and hidden in
+        TensorBoard; the rows before it stay. None starts a new curve.
+    """
+
+    def __init__(self, logdir: str, resume_env_steps: int | None = None):
         os.makedirs(logdir, exist_ok=True)
         self._csv_path = os.path.join(logdir, "metrics.csv")
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
-        self._tensorboard = tensorboardX.SummaryWriter(logdir)
+        purge_step = None
+        if resume_env_steps is not None:
+            self._rows, self._columns = _read_csv(self._csv_path, resume_env_steps)
+            self._rewrite_csv()
+            purge_step = resume_env_steps + 1
+        self._tensorboard = tensorboardX.SummaryWriter(logdir, purge_step=purge_step)
+
+    @property
+    def last_row(self) -> dict[str, Any] | None:
+        """The newest row written (or kept from before a resume)."""
+        return self._rows[-1] if self._rows else None
 
     def write(self, row: dict[str, Any]) -> None:
         self._rows.append(row)
@@ -48,6 +66,28 @@ class MetricsLogger:
 
     def close(self) -> None:
         self._tensorboard.close()
+
+
+def _read_csv(path: str, max_env_steps: int) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows of an earlier metrics.csv up to `max_env_steps`, numbers parsed, and its columns."""
+    if not os.path.exists(path):
+        return [], []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        # An empty cell is a column that did not exist yet when the row was written.
+        rows = [{k: _number(v) for k, v in row.items() if v != ""} for row in reader]
+        columns = list(reader.fieldnames or [])
+    return [row for row in rows if row.get("env_steps", 0) <= max_env_steps], columns
+
+
+def _number(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
 
 
 def progress_line(row: dict[str, Any]) -> str:

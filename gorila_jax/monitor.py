@@ -16,15 +16,21 @@ class MonitorNode:
 
     Args:
       return_window: finished training episodes that the mean return covers.
+      restored: what `checkpoint_state` returned when the run was checkpointed;
+        counters, returns and evaluations continue from there. Counters of
+        nodes that the resumed program lacks (fewer actors) stay in the totals.
     """
 
-    def __init__(self, return_window: int = 100):
+    def __init__(self, return_window: int = 100, restored: dict[str, Any] | None = None):
+        restored = restored or {}
         self._lock = threading.Lock()
-        self._counters: dict[str, dict[str, float]] = {}
+        self._counters: dict[str, dict[str, float]] = dict(restored.get("node_counters", {}))
         self._last_seen: dict[str, float] = {}
         self._metrics: dict[str, float] = {}
-        self._returns: collections.deque = collections.deque(maxlen=return_window)
-        self._evals: list[dict[str, float]] = []
+        self._returns: collections.deque = collections.deque(
+            restored.get("recent_returns", []), maxlen=return_window
+        )
+        self._evals: list[dict[str, float]] = list(restored.get("evaluations", []))
 
     def report(
         self,
@@ -77,3 +83,12 @@ class MonitorNode:
     def evaluations(self) -> list[dict[str, float]]:
         with self._lock:
             return list(self._evals)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the monitor (JSON): counters, recent returns, evaluations."""
+        with self._lock:
+            return {
+                "node_counters": {name: dict(c) for name, c in self._counters.items()},
+                "recent_returns": list(self._returns),
+                "evaluations": list(self._evals),
+            }

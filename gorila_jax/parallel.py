@@ -61,13 +61,21 @@ def unreplicate(tree: Any) -> Any:
     return jax.tree.map(lambda x: x[0], tree)
 
 
-def pmap_step(step_fn: Callable, devices: Sequence[jax.Device], out_axes: Any = 0) -> Callable:
-    """Compiles a per-device `(state, batch) -> outputs` step; donates the state.
+def pmap_step(
+    step_fn: Callable, devices: Sequence[jax.Device], out_axes: Any = 0, donate_state: bool = True
+) -> Callable:
+    """Compiles a per-device `(state, batch) -> outputs` step.
 
+    The state's buffers are donated (reused for the new state) unless
+    `donate_state` is False, for steps that read the state without replacing it.
     `out_axes=None` for an output marks it identical on every device (for
     example parameters after a pmean-ed update): it comes back without the
     device axis.
     """
     return jax.pmap(
-        step_fn, axis_name=DATA_AXIS, devices=list(devices), donate_argnums=0, out_axes=out_axes
+        step_fn,
+        axis_name=DATA_AXIS,
+        devices=list(devices),
+        donate_argnums=0 if donate_state else (),
+        out_axes=out_axes,
     )

@@ -5,8 +5,11 @@ with priorities, batches with keys and probabilities, priority updates), so
 that another backend can one day sit behind it (DESIGN.md, replay node).
 """
 
+import json
 import logging
+import os
 import queue
+import shutil
 import socket
 import threading
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
@@ -15,6 +18,7 @@ import numpy as np
 import reverb
 import tensorflow as tf
 import tree
+from reverb.cc.checkpointing import checkpoint_pb2
 
 from gorila_jax import types
 
@@ -123,31 +127,163 @@ def prioritized_table(
     )
 
 
-class ReplayNode:
-    """Hosts a Reverb server with the tables an agent's builder declares."""
+CHECKPOINT_MANIFEST = "MANIFEST.json"
 
-    def __init__(self, make_tables: Callable[[], Sequence[reverb.Table]], port: int | None = None):
-        self._server = reverb.Server(list(make_tables()), port=port)
+
+class CheckpointDamaged(Exception):
+    """A replay checkpoint whose files are not those that were written."""
+
+
+class ReplayNode:
+    """Hosts a Reverb server with the tables an agent's builder declares.
+
+    Args:
+      make_tables: returns the agent's tables.
+      port: the server's port; None picks a free one.
+      checkpoint_dir: where `checkpoint` writes (`<logdir>/checkpoints/replay`,
+        absolute); None: no checkpoints.
+      restore_step: start from the checkpoint taken at this learner step.
+    """
+
+    def __init__(
+        self,
+        make_tables: Callable[[], Sequence[reverb.Table]],
+        port: int | None = None,
+        checkpoint_dir: str | None = None,
+        restore_step: int | None = None,
+    ):
+        self._checkpoint_dir = checkpoint_dir
+        checkpointer = None
+        expected_sizes = None
+        if checkpoint_dir is not None:
+            restore_path = None
+            if restore_step is not None:
+                restore_path = os.path.join(checkpoint_dir, str(restore_step))
+                expected_sizes = check_checkpoint(restore_path)
+            checkpointer = _checkpointer(checkpoint_dir, restore_path)
+        elif restore_step is not None:
+            raise ValueError("restore_step needs a checkpoint_dir")
+        self._server = reverb.Server(list(make_tables()), port=port, checkpointer=checkpointer)
         self._host = _ray_node_ip() or socket.gethostbyname("localhost")
+        if expected_sizes is not None:
+            self._check_restored(expected_sizes, restore_step)
+
+    def _check_restored(self, expected: dict[str, int], step: int) -> None:
+        sizes = {name: info["size"] for name, info in self.table_info().items()}
+        if sizes != expected:
+            self._server.stop()
+            raise RuntimeError(
+                f"replay checkpoint {self._checkpoint_dir}/{step} restored tables of sizes "
+                f"{sizes}, it holds {expected}; it is damaged (delete it to resume from an "
+                "older checkpoint)"
+            )
 
     def address(self) -> str:
         """host:port that clients on any node of the cluster can reach."""
         return f"{self._host}:{self._server.port}"
 
-    def table_info(self) -> dict[str, dict[str, int]]:
-        """Size and completed insert/sample counts per table."""
+    def table_info(self) -> dict[str, dict[str, float]]:
+        """Per table: size, completed inserts and samples, and the rate limiter's settings
+        (`samples_per_insert`, and `slack`: how far sampling may run ahead of or behind it)."""
         info = self._server.localhost_client().server_info()
         return {
             name: {
                 "size": t.current_size,
                 "inserts": t.rate_limiter_info.insert_stats.completed,
                 "samples": t.rate_limiter_info.sample_stats.completed,
+                "samples_per_insert": t.rate_limiter_info.samples_per_insert,
+                "slack": (t.rate_limiter_info.max_diff - t.rate_limiter_info.min_diff) / 2,
             }
             for name, t in info.items()
         }
 
+    def checkpoint(self, step: int) -> dict[str, Any]:
+        """Checkpoints every table (items, priorities, rate-limiter counts) as learner step `step`.
+
+        Reverb writes into a scratch directory; the finished checkpoint is
+        renamed to `<checkpoint_dir>/<step>` (replacing one there), so a
+        partial one never carries a step's name.
+
+        Returns:
+          {"path": the checkpoint's directory, "table_sizes": {table: items}}.
+        """
+        if self._checkpoint_dir is None:
+            raise RuntimeError("this replay node was built without a checkpoint_dir")
+        written = self._server.localhost_client().checkpoint()
+        sizes = _write_manifest(written)
+        final = os.path.join(self._checkpoint_dir, str(step))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.rename(written, final)
+        return {"path": final, "table_sizes": sizes}
+
+    def keep_checkpoints(self, steps: Sequence[int]) -> None:
+        """Deletes the checkpoints of every step not in `steps`."""
+        for name in os.listdir(self._checkpoint_dir):
+            if name.isdigit() and int(name) not in set(steps):
+                shutil.rmtree(os.path.join(self._checkpoint_dir, name), ignore_errors=True)
+
     def close(self) -> None:
         self._server.stop()
+
+
+def _checkpointer(
+    checkpoint_dir: str, restore_path: str | None
+) -> reverb.checkpointers.DefaultCheckpointer:
+    """A Reverb checkpointer that writes to a scratch directory and loads `restore_path`.
+
+    Reverb loads the newest checkpoint of its own directory and falls back to
+    `restore_path` only when that directory is empty; emptying it first means
+    exactly the checkpoint that resume chose is loaded (or none).
+    """
+    scratch = os.path.join(checkpoint_dir, ".reverb")
+    shutil.rmtree(scratch, ignore_errors=True)  # leftovers of a checkpoint cut short
+    os.makedirs(scratch)
+    return reverb.checkpointers.DefaultCheckpointer(scratch, fallback_checkpoint_path=restore_path)
+
+
+def check_checkpoint(path: str) -> dict[str, int]:
+    """Table sizes of the replay checkpoint at `path`, after checking its files are intact.
+
+    Raises:
+      CheckpointDamaged: if the manifest, or a file it lists, is missing or has another size.
+    """
+    try:
+        with open(os.path.join(path, CHECKPOINT_MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as error:
+        raise CheckpointDamaged(
+            f"replay checkpoint {path} has no readable manifest: {error}"
+        ) from None
+    for name, size in manifest["files"].items():
+        file = os.path.join(path, name)
+        actual = os.path.getsize(file) if os.path.exists(file) else None
+        if actual != size:
+            raise CheckpointDamaged(
+                f"replay checkpoint file {file} has {actual} bytes, {size} were written"
+            )
+    return manifest["table_sizes"]
+
+
+def _write_manifest(path: str) -> dict[str, int]:
+    """Records the size of every file of the Reverb checkpoint at `path`; returns table sizes.
+
+    Reverb restores a truncated checkpoint as an empty table without an error;
+    the manifest lets resume tell a damaged checkpoint from an intact one.
+    """
+    sizes = {}
+    tables = tf.data.TFRecordDataset(
+        os.path.join(path, "tables.tfrecord"),
+        compression_type="ZLIB",  # Reverb's format
+    )
+    for record in tables.as_numpy_iterator():
+        table = checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
+        limiter = table.rate_limiter
+        sizes[table.table_name] = int(limiter.insert_count - limiter.delete_count)
+    files = {name: os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)}
+    with open(os.path.join(path, CHECKPOINT_MANIFEST), "w") as f:
+        json.dump({"files": files, "table_sizes": sizes}, f)
+    return sizes
 
 
 class Batch(NamedTuple):

@@ -18,7 +18,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from agents import dqn
-from gorila_jax import experiment, launchers
+from gorila_jax import checkpoint, compression, envs, experiment, launchers
 from launch import presets
 
 AGENTS = {"dqn": dqn.DQNBuilder}
@@ -26,8 +26,17 @@ AGENT_CONFIGS = {"dqn": dqn.DQNConfig}
 
 _AGENT = flags.DEFINE_enum("agent", "dqn", list(AGENTS), "Which agent to train.")
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
-_PRESET = flags.DEFINE_enum(
-    "preset", "auto", presets.NAMES, "Base hyperparameters; auto picks one by --env."
+_PRESET = flags.DEFINE_string(
+    "preset",
+    "auto",
+    f"Base hyperparameters: one of {', '.join(presets.NAMES)} (auto picks one by --env), "
+    "or a .json/.yaml file (see launch/presets.py).",
+)
+_PRECISION = flags.DEFINE_enum(
+    "precision",
+    None,
+    ["fp32", "bf16", "fp16"],
+    "Learner compute precision (parameters stay float32); sets --config.precision.",
 )
 _LAUNCHER = flags.DEFINE_enum("launcher", "ray", list(launchers.LAUNCHERS), "Where nodes run.")
 _RAY_ADDRESS = flags.DEFINE_string(
@@ -75,6 +84,49 @@ _STOP_AT = flags.DEFINE_float(
 _MAX_WALL = flags.DEFINE_float(
     "max_wall_time_s", 0.0, "End after this many seconds; 0 means no limit.", lower_bound=0.0
 )
+_CHECKPOINT_INTERVAL = flags.DEFINE_integer(
+    "checkpoint_interval_steps",
+    5000,
+    "Learner steps between checkpoints (and one at the end); 0 disables checkpoints.",
+    lower_bound=0,
+)
+_MAX_CHECKPOINTS = flags.DEFINE_integer(
+    "max_checkpoints_to_keep", 2, "Checkpoints kept; older ones are deleted.", lower_bound=1
+)
+_RESUME = flags.DEFINE_bool(
+    "resume", False, "Continue the run in --logdir from its newest usable checkpoint."
+)
+_TF32 = flags.DEFINE_bool(
+    "tf32", False, "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."
+)
+_LEARNER_MODE = flags.DEFINE_enum(
+    "learner_mode",
+    "sync",
+    list(experiment.LEARNER_MODES),
+    "sync: one pmapped learner; gorila: async gradient workers + parameter-server shards.",
+)
+_NUM_LEARNERS = flags.DEFINE_integer("num_learners", 2, "Gorila gradient workers.", lower_bound=1)
+_NUM_PS_SHARDS = flags.DEFINE_integer(
+    "num_ps_shards", 2, "Gorila parameter-server shards.", lower_bound=1
+)
+_MAX_STALENESS = flags.DEFINE_integer(
+    "max_staleness", 8, "Gorila: drop gradients more than this many versions old; <0: keep all."
+)
+_ASYNC_UPDATE = flags.DEFINE_integer(
+    "async_update", 1, "Gorila: workers pull parameters every this many gradients.", lower_bound=1
+)
+_COMPRESSION = flags.DEFINE_enum(
+    "compression", "none", list(compression.GRADIENT_SCHEMES), "Gorila: gradients on the wire."
+)
+_OUTLIER_STDS = flags.DEFINE_float(
+    "outlier_stds",
+    4.0,
+    "Gorila: drop gradients with loss > mean + this many stds; 0: off.",
+    lower_bound=0.0,
+)
+_PS_CPUS = flags.DEFINE_float(
+    "ps_cpus", 0.5, "CPUs each Gorila parameter-server shard asks Ray for.", lower_bound=0.0
+)
 
 # ExperimentConfig field -> the flag that sets it.
 _EXPERIMENT_FLAGS = {
@@ -97,6 +149,18 @@ _EXPERIMENT_FLAGS = {
     "eval_interval_s": _EVAL_INTERVAL,
     "stop_at_eval_return": _STOP_AT,
     "max_wall_time_s": _MAX_WALL,
+    "checkpoint_interval_steps": _CHECKPOINT_INTERVAL,
+    "max_checkpoints_to_keep": _MAX_CHECKPOINTS,
+    "resume": _RESUME,
+    "tf32": _TF32,
+    "learner_mode": _LEARNER_MODE,
+    "num_learners": _NUM_LEARNERS,
+    "num_ps_shards": _NUM_PS_SHARDS,
+    "max_staleness": _MAX_STALENESS,
+    "async_update": _ASYNC_UPDATE,
+    "compression": _COMPRESSION,
+    "outlier_stds": _OUTLIER_STDS,
+    "ps_cpus": _PS_CPUS,
 }
 
 
@@ -132,9 +196,13 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def make_configs() -> tuple[object, experiment.ExperimentConfig]:
     """Agent config and experiment config from preset and flags, validated."""
-    preset_name = presets.resolve(_PRESET.value, _ENV.value)
-    config, preset_settings = presets.AGENT_PRESETS[_AGENT.value](preset_name)
-    config = dataclasses.replace(config, **config_flags.get_override_values(flags.FLAGS["config"]))
+    config, preset_settings = presets.load(
+        _PRESET.value, _AGENT.value, _ENV.value, set(_EXPERIMENT_FLAGS)
+    )
+    overrides = config_flags.get_override_values(flags.FLAGS["config"])
+    if _PRECISION.value is not None:
+        overrides["precision"] = _PRECISION.value
+    config = dataclasses.replace(config, **overrides)
     settings = {
         field: holder.value
         if holder.present or field not in preset_settings
@@ -147,14 +215,20 @@ def make_configs() -> tuple[object, experiment.ExperimentConfig]:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
-    config, exp_config = make_configs()
-    builder = AGENTS[_AGENT.value](config)
     try:
+        config, exp_config = make_configs()
+        builder = AGENTS[_AGENT.value](config)
         exp_config.validate()
-        builder.validate(exp_config.num_learner_devices or 1)
+        builder.validate(exp_config.num_learner_devices or 1, envs.env_spec(exp_config.env_id))
     except ValueError as error:
         sys.exit(f"error: {error}")
-    summary = experiment.run_experiment(builder, exp_config)
+    try:
+        summary = experiment.run_experiment(builder, exp_config)
+    except KeyboardInterrupt:
+        # The run already checkpointed and said how to continue; no traceback.
+        sys.exit(130)
+    except checkpoint.CheckpointError as error:
+        sys.exit(f"error: {error}")
     print(
         f"done: {summary['env_steps']:,} env steps, {summary['learner_steps']:,} updates in "
         f"{summary['wall_time_s']:.1f}s; final greedy return {summary['final_eval_return']:.1f} "

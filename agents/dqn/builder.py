@@ -10,7 +10,7 @@ import reverb
 from agents.dqn import config as config_lib
 from agents.dqn import learning, networks, policy
 from gorila_jax import builder as builder_lib
-from gorila_jax import replay, types, writers
+from gorila_jax import precision, replay, types, writers
 
 TABLE = "priority_table"
 
@@ -29,11 +29,27 @@ class DQNBuilder:
     def batch_size(self) -> int:
         return self.config.batch_size
 
-    def validate(self, num_learner_devices: int) -> None:
+    @property
+    def batch_schedule(self) -> builder_lib.BatchSchedule:
+        cfg = self.config
+        return builder_lib.growing_batch_schedule(
+            cfg.batch_size, cfg.batch_size_max, cfg.batch_growth_steps
+        )
+
+    def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
         self.config.validate(num_learner_devices)
+        if spec is not None:
+            self._network(spec)  # raises for continuous actions or a torso that does not fit
 
     def _network(self, spec: types.EnvSpec) -> networks.QNetwork:
-        return networks.make_network(spec, self.config.hidden_sizes, self.config.dueling)
+        cfg = self.config
+        return networks.make_network(
+            spec,
+            cfg.hidden_sizes,
+            cfg.dueling,
+            cfg.torso,
+            precision.compute_dtype(cfg.precision),
+        )
 
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         one = spec.zeros_observation(1)[0]
@@ -43,7 +59,8 @@ class DQNBuilder:
 
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
-        limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, cfg.batch_size)
+        largest_batch = max(size for _, size in self.batch_schedule)
+        limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, largest_batch)
         signature = self.item_codec(spec).signature()
         return [
             replay.prioritized_table(
@@ -71,7 +88,7 @@ class DQNBuilder:
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:
         optimizer = learning.make_optimizer(self.config)
         return learning.init_train_state(
-            key, self._network(spec).init, optimizer, spec.zeros_observation(1)
+            key, self._network(spec).init, optimizer, spec.zeros_observation(1), self.config
         )
 
     def update_fns(self, spec: types.EnvSpec) -> builder_lib.UpdateFns:
@@ -80,7 +97,8 @@ class DQNBuilder:
         )
 
     def actor_params(self, state: learning.TrainState) -> types.Params:
-        return state.params
+        # bfloat16 halves what crosses to actors; the network promotes it to its compute dtype.
+        return precision.cast_floats(state.params, self.config.actor_params_dtype)
 
     def make_policy(
         self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
@@ -96,3 +114,16 @@ class DQNBuilder:
                 env_steps, cfg.epsilon_start, end, cfg.epsilon_decay_steps
             )
         return policy.make_epsilon_greedy(self._network(spec).apply, epsilon_fn)
+
+    # Gorila mode: shards own the parameters and the optimizer; workers keep the rest.
+
+    def shard_optimizer(self):
+        return learning.make_optimizer(self.config)
+
+    def trainable_params(self, state: learning.TrainState) -> types.Params:
+        return state.params
+
+    def with_params(
+        self, state: learning.TrainState, params: types.Params, step: int
+    ) -> learning.TrainState:
+        return learning.with_shard_params(state, params, step, self.config.target_update_period)

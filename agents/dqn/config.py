@@ -2,13 +2,24 @@
 
 import dataclasses
 
+CHOICES = {
+    "torso": ("auto", "mlp", "nature", "impala"),
+    "clip_mode": ("global", "layer"),
+    "precision": ("fp32", "bf16", "fp16"),
+    "actor_params_dtype": ("float32", "bfloat16"),
+}
+
 
 @dataclasses.dataclass
 class DQNConfig:
     """Double DQN with n-step returns and prioritized replay.
 
     Attributes:
-      hidden_sizes: widths of the MLP torso's layers.
+      torso: "mlp" (vector observations), "nature" (the Nature DQN conv torso,
+        Mnih et al., 2015), "impala" (the wider IMPALA residual torso,
+        Espeholt et al., 2018), or "auto": nature for image observations, else mlp.
+      hidden_sizes: widths of the MLP layers (the whole MLP torso, or the
+        layers after a conv torso).
       dueling: split the head into value and advantage streams (Wang et al., 2016).
       discount: per-step discount gamma.
       n_step: length of the n-step return written by actors.
@@ -17,8 +28,22 @@ class DQNConfig:
       learning_rate_final_fraction: the schedule's floor, as a fraction of the peak.
       adam_eps: Adam's epsilon.
       max_grad_norm: global-norm clip applied before gradients are split.
+      clip_mode: "global" clips the whole gradient to `max_grad_norm`; "layer"
+        clips each layer's gradient to `layer_grad_norm` on its own.
+      layer_grad_norm: per-layer norm threshold when clip_mode is "layer".
+      precision: "fp32"; "bf16" (float32 parameters and optimizer state,
+        bfloat16 activations and matmuls); "fp16" (the same in float16, with
+        dynamic loss scaling).
+      loss_scale_init: fp16's first loss scale.
+      loss_scale_period: fp16 doubles the scale after this many finite steps.
+      actor_params_dtype: "float32" or "bfloat16": the dtype parameters travel
+        to actors in (bfloat16 halves the bytes; acting tolerates it).
       huber_delta: the Huber loss's quadratic-to-linear point.
-      batch_size: global batch, split evenly over learner devices.
+      batch_size: global batch, split evenly over learner devices; the first
+        size when the batch grows.
+      batch_size_max: 0 keeps the batch fixed; otherwise the batch doubles
+        from `batch_size` up to this size over `batch_growth_steps` learner steps.
+      batch_growth_steps: learner steps over which the batch reaches its maximum.
       target_update_period: learner steps between target-network copies.
       samples_per_insert: replay ratio the rate limiter holds (items sampled per item inserted).
       min_replay_size: items in replay before the learner may sample.
@@ -36,6 +61,7 @@ class DQNConfig:
       eval_epsilon: epsilon of the greedy evaluation policy.
     """
 
+    torso: str = "auto"
     hidden_sizes: tuple[int, ...] = (512,)
     dueling: bool = True
     discount: float = 0.99
@@ -45,8 +71,16 @@ class DQNConfig:
     learning_rate_final_fraction: float = 0.0
     adam_eps: float = 1.5e-4
     max_grad_norm: float = 2.5
+    clip_mode: str = "global"
+    layer_grad_norm: float = 1.0
+    precision: str = "fp32"
+    loss_scale_init: float = 256.0
+    loss_scale_period: int = 2000
+    actor_params_dtype: str = "float32"
     huber_delta: float = 1.0
     batch_size: int = 512
+    batch_size_max: int = 0
+    batch_growth_steps: int = 500_000
     target_update_period: int = 5000
     samples_per_insert: float = 8.0
     min_replay_size: int = 20_000
@@ -64,6 +98,11 @@ class DQNConfig:
 
     def validate(self, num_devices: int) -> None:
         """Raises ValueError naming the first field whose value cannot work."""
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"config.{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
         positive = (
             "n_step",
             "learning_rate",
@@ -76,6 +115,11 @@ class DQNConfig:
             "importance_exponent_anneal_steps",
             "epsilon_decay_steps",
             "initial_priority",
+            "max_grad_norm",
+            "layer_grad_norm",
+            "loss_scale_init",
+            "loss_scale_period",
+            "batch_growth_steps",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -93,13 +137,23 @@ class DQNConfig:
                 raise ValueError(f"config.{name} must lie in [0, 1], got {getattr(self, name)}")
         if any(size <= 0 for size in self.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be positive, got {self.hidden_sizes}")
+        if self.precision == "fp16" and self.loss_scale_init < 1:
+            raise ValueError(
+                f"config.loss_scale_init must be >= 1 for fp16, got {self.loss_scale_init}"
+            )
         if self.min_replay_size > self.max_replay_size:
             raise ValueError(
                 f"config.min_replay_size={self.min_replay_size} exceeds "
                 f"config.max_replay_size={self.max_replay_size}"
             )
-        if self.batch_size % num_devices:
+        for name in ("batch_size", "batch_size_max"):
+            if getattr(self, name) % num_devices:
+                raise ValueError(
+                    f"config.{name}={getattr(self, name)} must be divisible by the "
+                    f"{num_devices} learner devices"
+                )
+        if self.batch_size_max and self.batch_size_max < self.batch_size:
             raise ValueError(
-                f"config.batch_size={self.batch_size} must be divisible by the "
-                f"{num_devices} learner devices"
+                f"config.batch_size_max={self.batch_size_max} is below "
+                f"config.batch_size={self.batch_size} (0 keeps the batch fixed)"
             )

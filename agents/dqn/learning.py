@@ -1,9 +1,15 @@
 """DQN learning: the double-Q TD error, PER importance weights, and the update step.
 
 The update is split in two per-device functions (`UpdateFns`): `compute_grads`
-(loss, device-averaged and globally clipped gradients, new priorities) and
+(loss, device-averaged and clipped gradients, new priorities) and
 `apply_grads` (Adam, target copy), which is elementwise over parameters so
 that a parameter-server shard could apply it to its slice.
+
+Precision (`cfg.precision`): the network computes in bfloat16 or float16
+while parameters, optimizer state, the loss and TD errors stay float32. In
+fp16 the loss is scaled before differentiation; a step whose gradients
+overflow is skipped (the state is left as it was, `step` included) and the
+scale is halved (`gorila_jax.precision`).
 """
 
 from typing import Any, Callable, NamedTuple
@@ -14,15 +20,16 @@ import optax
 
 from agents.dqn import config as config_lib
 from gorila_jax import builder as builder_lib
-from gorila_jax import parallel, types
+from gorila_jax import parallel, precision, types
 
 
 class TrainState(NamedTuple):
     params: types.Params
     target_params: types.Params
     opt_state: optax.OptState
-    step: jax.Array  # int32 scalar: updates applied so far
+    step: jax.Array  # int32 scalar: updates applied so far; skipped fp16 steps do not count
     key: jax.Array
+    loss_scale: precision.LossScale  # fp16's dynamic loss scale; stays 1 in fp32 and bf16
 
 
 def double_q_td_error(q_tm1, a_tm1, r_t, discount_t, q_t_target, q_t_online) -> jax.Array:
@@ -64,16 +71,40 @@ def make_optimizer(cfg: config_lib.DQNConfig) -> optax.GradientTransformation:
     return optax.adam(schedule, eps=cfg.adam_eps)
 
 
-def init_train_state(key, apply_init: Callable, optimizer, dummy_obs) -> TrainState:
+def init_train_state(
+    key, apply_init: Callable, optimizer, dummy_obs, cfg: config_lib.DQNConfig
+) -> TrainState:
     init_key, state_key = jax.random.split(key)
     params = apply_init(init_key, dummy_obs)
-    return TrainState(params, params, optimizer.init(params), jnp.zeros((), jnp.int32), state_key)
+    # Present in every mode, so the state (and a checkpoint of it) has one structure.
+    loss_scale = precision.init_loss_scale(cfg.loss_scale_init if cfg.precision == "fp16" else 1.0)
+    step = jnp.zeros((), jnp.int32)
+    return TrainState(params, params, optimizer.init(params), step, state_key, loss_scale)
+
+
+def clip_grads(grads: Any, cfg: config_lib.DQNConfig) -> Any:
+    """Global-norm clip to `max_grad_norm`, or each layer to `layer_grad_norm` (`clip_mode`).
+
+    Either needs whole gradients (a whole layer at least), so it happens in
+    `compute_grads`: a parameter-server shard would only see a slice.
+    """
+    if cfg.clip_mode == "layer":
+        return precision.clip_by_layer_norm(grads, cfg.layer_grad_norm)
+    if cfg.clip_mode == "global":
+        grads, _ = optax.clip_by_global_norm(cfg.max_grad_norm).update(grads, optax.EmptyState())
+        return grads
+    raise ValueError(f"config.clip_mode must be 'global' or 'layer', got {cfg.clip_mode!r}")
 
 
 def make_update_fns(
     apply_fn: Callable, optimizer: optax.GradientTransformation, cfg: config_lib.DQNConfig
 ) -> builder_lib.UpdateFns:
-    """Returns (compute_grads, apply_grads); both run per device under the learner's pmap."""
+    """Returns (compute_grads, apply_grads); both run per device under the learner's pmap.
+
+    `compute_grads` returns `precision.CheckedGrads`: the gradients and whether
+    they are finite on all devices. Only fp16 ever skips a step.
+    """
+    dynamic_scale = cfg.precision == "fp16"
 
     def loss_fn(params, state: TrainState, batch: builder_lib.SampledBatch):
         data: types.Transition = batch.data
@@ -86,36 +117,67 @@ def make_update_fns(
         beta = importance_exponent(state.step, cfg)
         weights = importance_weights(batch.probabilities, batch.table_size, beta)
         loss = jnp.mean(weights * optax.huber_loss(td, delta=cfg.huber_delta))
-        return loss, (td, q_tm1, beta)
+        scaled = precision.scale_loss(loss, state.loss_scale) if dynamic_scale else loss
+        return scaled, (loss, td, q_tm1, beta)
 
     def compute_grads(state: TrainState, batch: builder_lib.SampledBatch):
-        (loss, (td, q_tm1, beta)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        (_, (loss, td, q_tm1, beta)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
             state.params, state, batch
         )
         grads = parallel.pmean(grads)
-        # Clip whole gradients here: a parameter-server shard would only see a slice.
+        finite = jnp.array(True)
+        if dynamic_scale:
+            grads = precision.unscale_grads(grads, state.loss_scale)
+            finite = precision.all_finite(grads)
         grad_norm = optax.global_norm(grads)
-        grads, _ = optax.clip_by_global_norm(cfg.max_grad_norm).update(grads, optax.EmptyState())
-        metrics = parallel.pmean(
-            {
-                "loss": loss,
-                "abs_td": jnp.mean(jnp.abs(td)),
-                "q_mean": jnp.mean(q_tm1),
-                "grad_norm": grad_norm,
-                "importance_exponent": beta,
-            }
-        )
+        metrics = {
+            "loss": loss,
+            "abs_td": jnp.mean(jnp.abs(td)),
+            "q_mean": jnp.mean(q_tm1),
+            "grad_norm": grad_norm,
+            "importance_exponent": beta,
+        }
+        if dynamic_scale:
+            skipped = jnp.logical_not(finite).astype(jnp.float32)
+            metrics["loss_scale"] = state.loss_scale.scale
+            metrics["skipped"] = skipped
+            metrics["skipped_steps"] = state.loss_scale.skipped_steps + skipped
         priorities = jnp.abs(td) + cfg.priority_epsilon
-        return grads, builder_lib.StepInfo(priorities=priorities, metrics=metrics)
+        grads = precision.CheckedGrads(clip_grads(grads, cfg), finite)
+        return grads, builder_lib.StepInfo(priorities=priorities, metrics=parallel.pmean(metrics))
 
-    def apply_grads(state: TrainState, grads: Any) -> TrainState:
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    def apply_grads(state: TrainState, grads: precision.CheckedGrads) -> TrainState:
+        updates, opt_state = optimizer.update(grads.grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         step = state.step + 1
         target_params = optax.periodic_update(
             params, state.target_params, step, cfg.target_update_period
         )
         key, _ = jax.random.split(state.key)
-        return TrainState(params, target_params, opt_state, step, key)
+        new = TrainState(params, target_params, opt_state, step, key, state.loss_scale)
+        if not dynamic_scale:
+            return new
+        # A skipped step leaves `step` too, so the importance-exponent anneal and
+        # the target period count applied updates, as Adam's own step count does.
+        new = precision.select_tree(grads.finite, new, state)
+        loss_scale = precision.update_loss_scale(
+            state.loss_scale, grads.finite, cfg.loss_scale_period
+        )
+        return new._replace(loss_scale=loss_scale)
 
     return builder_lib.UpdateFns(compute_grads, apply_grads)
+
+
+def with_shard_params(
+    state: TrainState, params: types.Params, step: int, target_update_period: int
+) -> TrainState:
+    """A Gorila worker's state on parameters pulled from the shards at global `step`.
+
+    The target copy follows the same rule as `apply_grads`: it takes the
+    parameters of every step that is a multiple of the period. A worker that
+    skipped past such a step (it pulls every few updates) copies at the first
+    pull after it, so the target is never more than one period old.
+    """
+    crossed = step // target_update_period > int(state.step) // target_update_period
+    target_params = params if crossed or step == 0 else state.target_params
+    return state._replace(params=params, target_params=target_params, step=jnp.int32(step))

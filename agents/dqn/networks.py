@@ -7,38 +7,118 @@ import jax.numpy as jnp
 
 from gorila_jax import types
 
+TORSOS = ("mlp", "nature", "impala")
+
+
+def _dense(size: int, dtype: Any) -> nn.Dense:
+    return nn.Dense(size, dtype=dtype, param_dtype=jnp.float32)
+
+
+def _conv(features: int, kernel: int, stride: int, padding: str, dtype: Any) -> nn.Conv:
+    return nn.Conv(
+        features, (kernel, kernel), (stride, stride), padding, dtype=dtype, param_dtype=jnp.float32
+    )
+
+
+def _images_nhwc(obs: jnp.ndarray, dtype: Any) -> jnp.ndarray:
+    """uint8 [B, C, H, W] frame stacks (envpool's layout) -> [B, H, W, C] in [0, 1].
+
+    The conversion runs on the device: observations stay uint8 (a quarter of
+    float32's bytes) from the env through replay to here.
+    """
+    return jnp.transpose(obs, (0, 2, 3, 1)).astype(dtype) / 255.0
+
+
+class NatureTorso(nn.Module):
+    """The conv stack of Mnih et al. (2015): 32x8x8/4, 64x4x4/2, 64x3x3/1."""
+
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, images: jnp.ndarray) -> jnp.ndarray:
+        x = images
+        for features, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.relu(_conv(features, kernel, stride, "VALID", self.dtype)(x))
+        return x.reshape((x.shape[0], -1))
+
+
+class ImpalaTorso(nn.Module):
+    """The residual torso of Espeholt et al. (2018): wider and deeper than Nature's."""
+
+    channels: Sequence[int] = (16, 32, 32)
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, images: jnp.ndarray) -> jnp.ndarray:
+        x = images
+        for features in self.channels:
+            x = _conv(features, 3, 1, "SAME", self.dtype)(x)
+            x = nn.max_pool(x, (3, 3), strides=(2, 2), padding="SAME")
+            for _ in range(2):
+                block = _conv(features, 3, 1, "SAME", self.dtype)(nn.relu(x))
+                block = _conv(features, 3, 1, "SAME", self.dtype)(nn.relu(block))
+                x = x + block
+        x = nn.relu(x)
+        return x.reshape((x.shape[0], -1))
+
 
 class QNetwork(nn.Module):
-    """MLP Q-network with an optional dueling head (Wang et al., 2016).
+    """Torso, ReLU layers, then a plain or dueling head (Wang et al., 2016).
 
     Attributes:
       num_actions: size of the discrete action set.
-      hidden_sizes: widths of the torso's ReLU layers.
+      hidden_sizes: widths of the ReLU layers after the torso.
+      torso: "mlp" flattens observations; "nature" and "impala" take uint8
+        [B, C, H, W] frame stacks.
       dueling: Q = V + A - mean(A) instead of a single linear head.
       dtype: compute dtype; parameters are always float32.
     """
 
     num_actions: int
     hidden_sizes: Sequence[int]
+    torso: str = "mlp"
     dueling: bool = False
     dtype: Any = jnp.float32
 
     @nn.compact
     def __call__(self, obs: jnp.ndarray) -> jnp.ndarray:  # obs: [B, ...] -> q: [B, A]
-        dense = lambda size: nn.Dense(size, dtype=self.dtype, param_dtype=jnp.float32)  # noqa: E731
-        x = obs.reshape((obs.shape[0], -1)).astype(self.dtype)
+        if self.torso == "nature":
+            x = NatureTorso(self.dtype)(_images_nhwc(obs, self.dtype))
+        elif self.torso == "impala":
+            x = ImpalaTorso(dtype=self.dtype)(_images_nhwc(obs, self.dtype))
+        else:
+            x = obs.reshape((obs.shape[0], -1)).astype(self.dtype)
         for size in self.hidden_sizes:
-            x = nn.relu(dense(size)(x))
+            x = nn.relu(_dense(size, self.dtype)(x))
         if self.dueling:
-            value = dense(1)(x)
-            advantage = dense(self.num_actions)(x)
+            value = _dense(1, self.dtype)(x)
+            advantage = _dense(self.num_actions, self.dtype)(x)
             q = value + advantage - advantage.mean(axis=-1, keepdims=True)
         else:
-            q = dense(self.num_actions)(x)
+            q = _dense(self.num_actions, self.dtype)(x)
         return q.astype(jnp.float32)  # TD targets and priorities are always float32
 
 
-def make_network(spec: types.EnvSpec, hidden_sizes: Sequence[int], dueling: bool) -> QNetwork:
+def resolve_torso(torso: str, spec: types.EnvSpec) -> str:
+    """`auto` is the Nature torso for image stacks ([C, H, W]), else the MLP."""
+    if torso != "auto":
+        return torso
+    return "nature" if len(spec.observation_shape) == 3 else "mlp"
+
+
+def make_network(
+    spec: types.EnvSpec,
+    hidden_sizes: Sequence[int],
+    dueling: bool,
+    torso: str = "auto",
+    dtype: Any = jnp.float32,
+) -> QNetwork:
     if not spec.discrete:
         raise ValueError(f"DQN needs discrete actions; {spec.env_id} has continuous ones")
-    return QNetwork(spec.num_actions, tuple(hidden_sizes), dueling)
+    torso = resolve_torso(torso, spec)
+    if torso in ("nature", "impala") and len(spec.observation_shape) != 3:
+        raise ValueError(
+            f"the {torso} torso needs image stacks [C, H, W]; {spec.env_id} observations "
+            f"have shape {spec.observation_shape} (use torso='mlp')"
+        )
+    return QNetwork(spec.num_actions, tuple(hidden_sizes), torso, dueling, dtype)

@@ -24,9 +24,9 @@ CONFIG = dataclasses.replace(
 )
 
 
-def _program(actor_steps: int) -> program.Program:
+def _program(actor_steps: int, config: dqn.DQNConfig = CONFIG) -> program.Program:
     """replay + learner (driven by hand) + one actor with a step budget."""
-    builder = dqn.DQNBuilder(CONFIG)
+    builder = dqn.DQNBuilder(config)
     graph = program.Program("nodes")
     with graph.group("replay"):
         replay_node = graph.add_node(

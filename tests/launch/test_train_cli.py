@@ -37,6 +37,14 @@ def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
         (["--config.batch_size=0"], "config.batch_size must be positive"),
         (["--config.discount=1.5"], "config.discount must lie in [0, 1]"),
         (["stray_argument"], "unexpected arguments"),
+        (["--preset=nosuch"], "unknown preset 'nosuch'"),
+        (["--preset=/tmp/gorila-no-such-preset.yaml"], "does not exist"),
+        (["--precision=fp8"], "--precision"),
+        (["--config.precision=fp8"], "config.precision must be one of"),
+        (["--config.torso=nature"], "nature torso needs image stacks"),
+        (["--learner_mode=hogwild"], "--learner_mode"),
+        (["--compression=twobit"], "--compression"),
+        (["--num_ps_shards=0"], "--num_ps_shards"),
     ],
 )
 def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message):

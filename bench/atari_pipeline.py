@@ -1,0 +1,113 @@
+"""End-to-end Atari env frames/s of a full training run against raw envpool stepping.
+
+For each actor count, runs the whole program (actors + Reverb + learner +
+monitor) on `--env` for `--seconds` and measures env frames/s over the run's
+second half (start-up and compilation excluded). In the same run it measures
+raw envpool stepping of the same total number of envs with random actions.
+ratio = pipeline frames/s / raw frames/s. Frames = env steps x frame skip (4).
+
+On CPU the learner's update rate, through the replay ratio, caps how fast
+actors may insert: `--samples_per_insert` sets that ratio, and the learner's
+updates/s is printed beside the frame rates. Last line: JSON.
+
+  python bench/atari_pipeline.py --env=Pong-v5 --num_actors=1,2
+"""
+
+import csv
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from agents import dqn  # noqa: E402
+from bench.actor_throughput import raw_envpool  # noqa: E402
+from gorila_jax import envs, experiment  # noqa: E402
+from launch import presets  # noqa: E402
+
+FRAME_SKIP = 4
+_ENV = flags.DEFINE_string("env", "Pong-v5", "envpool Atari task id.")
+_NUM_ACTORS = flags.DEFINE_list("num_actors", ["1", "2"], "Actor counts to run.")
+_NUM_ENVS = flags.DEFINE_integer("num_envs", 8, "Envs per actor.")
+_SECONDS = flags.DEFINE_float("seconds", 60.0, "Wall time of each training run.")
+_LAUNCHER = flags.DEFINE_string("launcher", "ray", "local or ray.")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Learner batch.")
+_SPI = flags.DEFINE_float("samples_per_insert", 1.0, "Replay ratio the rate limiter holds.")
+
+
+def pipeline_rate(num_actors: int) -> dict:
+    config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
+    config = dataclasses.replace(
+        config,
+        batch_size=_BATCH.value,
+        samples_per_insert=_SPI.value,
+        min_replay_size=1_000,
+        max_replay_size=50_000,
+    )
+    logdir = tempfile.mkdtemp(prefix="atari-pipeline-")
+    exp = experiment.ExperimentConfig(
+        env_id=_ENV.value,
+        launcher=_LAUNCHER.value,
+        num_actors=num_actors,
+        num_envs_per_actor=_NUM_ENVS.value,
+        total_env_steps=10**9,
+        max_wall_time_s=_SECONDS.value,
+        eval_interval_s=0,
+        eval_episodes=1,
+        num_learner_devices=1,
+        cpus_per_actor=0.5,
+        learner_cpus=0.5,
+        replay_cpus=0.5,
+        log_interval_s=2.0,
+        logdir=logdir,
+    )
+    experiment.run_experiment(dqn.DQNBuilder(config), exp)
+    with open(os.path.join(logdir, "metrics.csv")) as f:
+        rows = [row for row in csv.DictReader(f)]
+    half = [row for row in rows if float(row["wall_time_s"]) >= _SECONDS.value / 2]
+    first, last = half[0], half[-1]
+    seconds = float(last["wall_time_s"]) - float(first["wall_time_s"])
+    env_steps = float(last["env_steps"]) - float(first["env_steps"])
+    updates = float(last["learner_steps"]) - float(first["learner_steps"])
+    return {
+        "num_actors": num_actors,
+        "frames_per_s": env_steps * FRAME_SKIP / seconds,
+        "updates_per_s": updates / seconds,
+    }
+
+
+def main(argv):
+    del argv
+    spec = envs.env_spec(_ENV.value)
+    results = []
+    for count in (int(n) for n in _NUM_ACTORS.value):
+        run = pipeline_rate(count)
+        raw = raw_envpool(spec, count * _NUM_ENVS.value, threads=count, seconds=10.0) * FRAME_SKIP
+        run.update(raw_frames_per_s=raw, ratio=run["frames_per_s"] / raw)
+        results.append(run)
+        print(
+            f"{count} actor(s): {run['frames_per_s']:,.0f} frames/s in training "
+            f"({run['updates_per_s']:.1f} updates/s) vs {raw:,.0f} raw: ratio {run['ratio']:.2f}",
+            flush=True,
+        )
+    print(
+        json.dumps(
+            {
+                "bench": "atari_pipeline",
+                "env": _ENV.value,
+                "launcher": _LAUNCHER.value,
+                "num_envs_per_actor": _NUM_ENVS.value,
+                "batch_size": _BATCH.value,
+                "samples_per_insert": _SPI.value,
+                "runs": results,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,343 @@
+"""Checkpoints of a run: learner state with orbax, the run's configs, and how resume finds them.
+
+Layout under `<logdir>/checkpoints/`:
+  learner/<step>/   orbax: `state` (the agent's train state, an opaque pytree)
+                    and `meta` (JSON: counters, evaluations, replay sizes)
+  replay/<step>/    the Reverb checkpoint taken at the same learner step
+                    (written by `replay.ReplayNode.checkpoint`)
+
+The learner checkpoint at step N is written after the replay checkpoint at N
+is complete, and old replay checkpoints are deleted only after that, so a
+learner checkpoint always has its replay beside it, whenever a crash comes.
+Orbax writes each step to a temporary directory and renames it when
+complete, and the replay node renames Reverb's finished directory into place
+the same way: a partially written checkpoint never carries a final name and
+is never loaded. A checkpoint damaged later on disk fails to restore and is
+skipped with a warning in favour of the previous one.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from typing import Any, Callable, NamedTuple
+
+import jax
+import orbax.checkpoint as ocp
+
+from gorila_jax import replay
+
+LEARNER_DIR = "learner"
+REPLAY_DIR = "replay"
+CONFIG_FILE = "config.json"
+
+
+class CheckpointError(Exception):
+    """No usable checkpoint where one is needed."""
+
+
+def checkpoint_root(logdir: str) -> str:
+    """Absolute, so that nodes on Ray (whose working directory differs) write the same place."""
+    return os.path.join(os.path.abspath(logdir), "checkpoints")
+
+
+def learner_dir(logdir: str) -> str:
+    return os.path.join(checkpoint_root(logdir), LEARNER_DIR)
+
+
+def replay_dir(logdir: str) -> str:
+    return os.path.join(checkpoint_root(logdir), REPLAY_DIR)
+
+
+def saved_steps(logdir: str) -> list[int]:
+    """Learner steps with a finished (renamed) checkpoint directory, oldest first; no reads."""
+    directory = learner_dir(logdir)
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+class _DropOrbaxInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+def _quiet_orbax() -> None:
+    # orbax narrates every save and restore at INFO through absl's logger,
+    # which `absl.app.run` shows: dozens of lines per checkpoint. Its warnings
+    # and errors still come through. Added when used, not at import.
+    absl_logger = logging.getLogger("absl")
+    if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
+        absl_logger.addFilter(_DropOrbaxInfo())
+
+
+class LearnerCheckpoints:
+    """Orbax checkpoints of the learner state, one per learner step, the newest `max_to_keep` kept.
+
+    Args:
+      directory: the learner checkpoint directory (absolute).
+      max_to_keep: older checkpoints are deleted after each save; None keeps all.
+      read_only: for readers (resume planning, evaluation) that must not write.
+    """
+
+    def __init__(self, directory: str, max_to_keep: int | None = None, read_only: bool = False):
+        _quiet_orbax()
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=max_to_keep,
+            # Not orbax's read_only, which warns on every use; readers never save.
+            create=not read_only,
+            # Leftovers of a save cut short by a crash: never final, safe to delete.
+            cleanup_tmp_directories=not read_only,
+            # Saves are rare and small next to the replay's; a synchronous save
+            # means "returned" is "on disk", which resume and shutdown rely on.
+            enable_async_checkpointing=False,
+        )
+        self._manager = ocp.CheckpointManager(
+            directory, options=options, item_names=("state", "meta")
+        )
+
+    def steps(self) -> list[int]:
+        self._manager.reload()
+        return sorted(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+        """Writes `state` (host arrays) and `meta` (JSON-able) as `step`, replacing one there."""
+        if step in self.steps():
+            # A save at a step that already has one: the final save of a run
+            # whose learner did not step since the last one. Counters and
+            # replay have moved on, so the newer save wins.
+            self._manager.delete(step)
+        # force: orbax would skip a step below an existing (unusable) newer one.
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+            force=True,
+        )
+        self._manager.wait_until_finished()
+
+    def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
+        """(state, meta) of step `step`; `target` gives the state's structure, shapes and dtypes.
+
+        Leaves come back as numpy arrays when `target`'s are numpy arrays.
+
+        Raises:
+          Exception: whatever orbax or the file system raise for a missing,
+            truncated or mismatched checkpoint.
+        """
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
+        _check_same_structure(restored.state, target, step)
+        return restored.state, restored.meta
+
+    def close(self) -> None:
+        self._manager.close()
+
+
+def _check_same_structure(state: Any, target: Any, step: int) -> None:
+    if jax.tree.structure(state) != jax.tree.structure(target):
+        raise ValueError(f"checkpoint {step} holds a state of another structure than this agent's")
+    for restored, expected in zip(jax.tree.leaves(state), jax.tree.leaves(target)):
+        if restored.shape != expected.shape or restored.dtype != expected.dtype:
+            raise ValueError(
+                f"checkpoint {step} holds a {restored.dtype}{list(restored.shape)} leaf where "
+                f"this agent has {expected.dtype}{list(expected.shape)}"
+            )
+
+
+class Restored(NamedTuple):
+    """The newest checkpoint that restored completely."""
+
+    step: int
+    state: Any
+    meta: dict[str, Any]
+
+
+def restore_newest(
+    logdir: str, target: Any, need_replay: bool = False, steps: list[int] | None = None
+) -> Restored:
+    """Restores the newest usable learner checkpoint, skipping damaged ones with a warning.
+
+    Args:
+      logdir: the run's logdir.
+      target: a state of the agent (for structure, shapes and dtypes).
+      need_replay: also require the replay checkpoint of the same step to be intact.
+      steps: only consider these steps (default: all that exist).
+
+    Raises:
+      CheckpointError: if there is no checkpoint, or none of them restores.
+    """
+    directory = learner_dir(logdir)
+    candidates = saved_steps(logdir) if steps is None else sorted(steps)
+    if not candidates:
+        raise CheckpointError(f"no checkpoint in {directory}")
+    checkpoints = LearnerCheckpoints(directory, read_only=True)
+    problems = []
+    try:
+        for step in reversed(candidates):
+            try:
+                state, meta = checkpoints.restore(step, target)
+                if need_replay:
+                    replay.check_checkpoint(os.path.join(replay_dir(logdir), str(step)))
+                return Restored(step, state, meta)
+            except Exception as error:  # noqa: BLE001  any failure means: use an older one
+                detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+                problems.append(f"step {step}: {detail}")
+                logging.warning("skipping checkpoint %s/%d: %s", directory, step, detail)
+    finally:
+        checkpoints.close()
+    raise CheckpointError(
+        f"none of the {len(candidates)} checkpoints in {directory} could be restored "
+        f"(newest first: {'; '.join(problems)})"
+    )
+
+
+def find_resume_point(logdir: str, target: Any) -> Restored:
+    """The newest checkpoint whose learner state and replay are both intact.
+
+    Newer, unusable checkpoints are deleted (with a warning each), so that
+    the resumed run's own checkpoints are the newest ones.
+
+    Raises:
+      CheckpointError: if no checkpoint is usable.
+    """
+    restored = restore_newest(logdir, target, need_replay=True)
+    remove_newer(logdir, restored.step)
+    return restored
+
+
+def prepare_logdir(
+    logdir: str, resume: bool, builder: Any, experiment: Any, init_state: Callable[[], Any]
+) -> Restored | None:
+    """Finds the checkpoint to resume from, or deletes old ones; then records the configs.
+
+    Args:
+      logdir: the run's logdir.
+      resume: continue the run there; otherwise a new run starts and the
+        checkpoints of an earlier run in `logdir` are deleted (with a message).
+      builder, experiment: the agent's builder and the experiment config.
+      init_state: makes a fresh train state, the target for restoring.
+
+    Returns:
+      The checkpoint to resume from, or None for a new run.
+    """
+    restored = None
+    if resume:
+        _print_config_changes(logdir, builder, experiment)
+        restored = find_resume_point(logdir, jax.device_get(init_state()))
+        replay_sizes = restored.meta.get("replay", {}).get("table_sizes")
+        print(
+            f"resuming from learner step {restored.step:,} ({total(restored.meta, 'env_steps'):,} "
+            f"env steps, replay {replay_sizes}) in {logdir}",
+            flush=True,
+        )
+    elif saved_steps(logdir):
+        print(
+            f"warning: starting a new run in {logdir}: deleting the checkpoints of the run "
+            "there before (pass --resume to continue it instead)",
+            flush=True,
+        )
+        shutil.rmtree(checkpoint_root(logdir))
+    write_config(logdir, builder, experiment)
+    return restored
+
+
+def total(meta: dict[str, Any], counter: str) -> int:
+    """A counter summed over the nodes in a checkpoint's meta (env steps over actors)."""
+    return int(sum(c.get(counter, 0) for c in meta.get("node_counters", {}).values()))
+
+
+def _print_config_changes(logdir: str, builder: Any, experiment: Any) -> None:
+    try:
+        saved = read_config(logdir)
+    except CheckpointError:
+        return
+    for part, now in (("agent_config", builder.config), ("experiment", experiment)):
+        changes = config_differences(saved.get(part, {}), dataclasses.asdict(now))
+        changes = [change for change in changes if not change.startswith("resume:")]
+        if changes:
+            print(f"resume: {part} changed since the checkpoint: {'; '.join(changes)}", flush=True)
+
+
+def remove_newer(logdir: str, step: int) -> None:
+    """Deletes learner and replay checkpoints newer than `step` (unusable ones resume skipped).
+
+    The resumed run writes its own history from `step` on; a stale newer
+    checkpoint would otherwise pass for the newest one.
+    """
+    for root in (learner_dir(logdir), replay_dir(logdir)):
+        if not os.path.isdir(root):
+            continue
+        for name in os.listdir(root):
+            if name.isdigit() and int(name) > step:
+                logging.warning("removing unusable checkpoint %s", os.path.join(root, name))
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def write_config(logdir: str, builder: Any, experiment: Any) -> None:
+    """Writes both configs and the builder's class to `<logdir>/config.json`.
+
+    `launch.evaluate` rebuilds the agent from it; the class is recorded by
+    import path so that the skeleton never names an agent.
+    """
+    config = builder.config
+    record = {
+        "builder": f"{type(builder).__module__}.{type(builder).__qualname__}",
+        "agent_config_class": f"{type(config).__module__}.{type(config).__qualname__}",
+        "agent_config": dataclasses.asdict(config),
+        "experiment": dataclasses.asdict(experiment),
+    }
+    os.makedirs(logdir, exist_ok=True)
+    path = os.path.join(logdir, CONFIG_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
+def read_config(logdir: str) -> dict[str, Any]:
+    """The record `write_config` wrote.
+
+    Raises:
+      CheckpointError: if it is missing or unreadable.
+    """
+    path = os.path.join(logdir, CONFIG_FILE)
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} not found: is {logdir!r} the --logdir of a run?") from None
+    except ValueError as error:
+        raise CheckpointError(f"{path} is not valid JSON: {error}") from None
+
+
+def config_from_dict(config_cls: type, values: dict[str, Any]) -> Any:
+    """A config dataclass from its `asdict` form; JSON turned its tuples into lists."""
+    names = {field.name for field in dataclasses.fields(config_cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        logging.warning(
+            "ignoring saved %s fields it no longer has: %s", config_cls.__name__, unknown
+        )
+    return config_cls(**{k: _tuples(v) for k, v in values.items() if k in names})
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`field: old -> new` for each field whose value differs (JSON forms compared)."""
+    new = json.loads(json.dumps(new))
+    return [
+        f"{key}: {old.get(key)!r} -> {new.get(key)!r}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]

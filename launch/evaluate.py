@@ -1,0 +1,169 @@
+"""Evaluates the newest checkpoint of a run: greedy returns over N episodes, optionally a GIF.
+
+Examples:
+  python -m launch.evaluate --logdir=runs/latest
+  python -m launch.evaluate --logdir=runs/latest --episodes=30 --epsilon=0.0
+  python -m launch.evaluate --logdir=runs/latest --video=episode.gif
+
+The agent is rebuilt from `<logdir>/config.json`, which every training run
+writes. The last line printed is JSON (returns, checkpoint step, env steps).
+`--video` writes one episode as a GIF from envpool's own renderer
+(`render_mode="rgb_array"`, which envpool 1.2.5 supports for classic control
+and Atari, among others). Only GIF: an mp4 needs a video encoder (ffmpeg),
+which is not among the dependencies.
+"""
+
+import dataclasses
+import importlib
+import json
+import sys
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from gorila_jax import checkpoint, envs, evaluation
+
+_LOGDIR = flags.DEFINE_string("logdir", None, "The --logdir of a training run.", required=True)
+_EPISODES = flags.DEFINE_integer("episodes", 10, "Greedy episodes to play.", lower_bound=1)
+_EPSILON = flags.DEFINE_float(
+    "epsilon",
+    None,
+    "Epsilon of the evaluation policy; unset: the run's config.eval_epsilon (DQN: 0.001).",
+    lower_bound=0.0,
+    upper_bound=1.0,
+)
+_SEED = flags.DEFINE_integer(
+    "seed", None, "Env seed; unset: the run's seed + 1 (as its final eval)."
+)
+_STEP = flags.DEFINE_integer(
+    "step", None, "Evaluate this learner step's checkpoint, not the newest."
+)
+_VIDEO = flags.DEFINE_string("video", None, "Write one episode to this .gif file.")
+_VIDEO_FPS = flags.DEFINE_integer("video_fps", 30, "Frames per second of the GIF.", lower_bound=1)
+
+
+def _import(path: str) -> type:
+    """A class named by its import path in config.json; only from the agents package."""
+    module, _, name = path.rpartition(".")
+    if not module.startswith("agents."):
+        raise ValueError(f"config.json names {path!r}, which is not an agent in agents/")
+    return getattr(importlib.import_module(module), name)
+
+
+def load_builder(record: dict, epsilon: float | None):
+    """The agent's builder from a config.json record, with the evaluation epsilon set."""
+    config_cls = _import(record["agent_config_class"])
+    config = checkpoint.config_from_dict(config_cls, record["agent_config"])
+    if epsilon is not None:
+        if not hasattr(config, "eval_epsilon"):
+            raise ValueError(f"{config_cls.__name__} has no eval_epsilon for --epsilon to set")
+        config = dataclasses.replace(config, eval_epsilon=epsilon)
+    return _import(record["builder"])(config)
+
+
+def record_gif(builder, spec, params, seed: int, path: str, fps: int) -> int:
+    """Plays one episode with the evaluation policy and writes its frames to `path`.
+
+    Returns:
+      The number of frames written.
+    """
+    from PIL import Image  # only needed here; Pillow is pinned in requirements.txt
+
+    try:
+        env = envs.make_env(spec.env_id, 1, seed=seed, evaluation=True, render_mode="rgb_array")
+        obs, _ = env.reset()
+        frames = [env.render()[0]]
+    except Exception as error:  # noqa: BLE001  envpool's many ways to say "cannot render"
+        raise ValueError(f"envpool cannot render {spec.env_id}: {error}") from None
+    try:
+        policy = builder.make_policy(spec, 0, 1, evaluation=True)
+        params, key, step, done = jax.device_put(params), jax.random.PRNGKey(seed), 0, False
+        while not done:
+            action = np.asarray(policy(params, obs, key, step))
+            obs, _, terminated, truncated, _ = env.step(action)
+            frames.append(env.render()[0])  # [H, W, 3] uint8
+            done, step = bool(terminated[0] or truncated[0]), step + 1
+    finally:
+        env.close()
+    images = [Image.fromarray(frame) for frame in frames]
+    images[0].save(path, save_all=True, append_images=images[1:], duration=1000 / fps, loop=0)
+    return len(images)
+
+
+def evaluate_run(
+    logdir: str, episodes: int, epsilon: float | None, seed: int | None, step: int | None
+) -> tuple[dict, object, object, object]:
+    """Restores a run's checkpoint and plays `episodes` greedy episodes.
+
+    Returns:
+      (report, builder, spec, params): the report is what the JSON line holds.
+    """
+    record = checkpoint.read_config(logdir)
+    builder = load_builder(record, epsilon)
+    spec = envs.env_spec(record["experiment"]["env_id"])
+    target = jax.device_get(builder.init_train_state(jax.random.PRNGKey(0), spec))
+    if step is not None and step not in checkpoint.saved_steps(logdir):
+        raise checkpoint.CheckpointError(
+            f"no checkpoint at learner step {step} in {checkpoint.learner_dir(logdir)}; "
+            f"saved steps: {checkpoint.saved_steps(logdir)}"
+        )
+    restored = checkpoint.restore_newest(logdir, target, steps=None if step is None else [step])
+    params = builder.actor_params(restored.state)
+    seed = record["experiment"]["seed"] + 1 if seed is None else seed
+    returns = evaluation.evaluate(builder, spec, params, episodes, seed)
+    counters = restored.meta.get("node_counters", {}).values()
+    report = {
+        "logdir": logdir,
+        "env_id": spec.env_id,
+        "learner_step": restored.step,
+        "env_steps": int(sum(c.get("env_steps", 0) for c in counters)),
+        "epsilon": getattr(builder.config, "eval_epsilon", None),
+        "seed": seed,
+        "episodes": len(returns),
+        "mean_return": float(returns.mean()),
+        "returns": [float(r) for r in returns],
+    }
+    return report, builder, spec, params
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {argv[1:]}")
+    if _VIDEO.value and not _VIDEO.value.lower().endswith(".gif"):
+        sys.exit(
+            f"error: --video={_VIDEO.value}: only .gif is supported "
+            "(an mp4 needs ffmpeg, which is not among the dependencies)"
+        )
+    try:
+        report, builder, spec, params = evaluate_run(
+            _LOGDIR.value, _EPISODES.value, _EPSILON.value, _SEED.value, _STEP.value
+        )
+        report["video"] = None
+        if _VIDEO.value:
+            frames = record_gif(
+                builder, spec, params, report["seed"], _VIDEO.value, _VIDEO_FPS.value
+            )
+            report["video"] = {"path": _VIDEO.value, "frames": frames}
+    except (checkpoint.CheckpointError, ValueError, OSError) as error:
+        sys.exit(f"error: {error}".replace("\n", " "))
+    print(
+        f"{report['env_id']}, learner step {report['learner_step']:,} "
+        f"({report['env_steps']:,} env steps): mean greedy return {report['mean_return']:.2f} "
+        f"over {report['episodes']} episodes (epsilon {report['epsilon']})",
+        flush=True,
+    )
+    print(json.dumps(report), flush=True)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, but a bad or missing flag ends the program with one line and exit code 2."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {error}".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,299 @@
+"""Checkpoint and resume: train, stop, resume with real orbax, Reverb, envpool and launchers."""
+
+import csv
+import dataclasses
+import functools
+import glob
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import reverb
+
+from agents import dqn
+from gorila_jax import checkpoint, envs, experiment, launchers, replay, types, writers
+from tests import fakes
+
+SPEC = envs.env_spec("CartPole-v1")
+CONFIG = dataclasses.replace(
+    dqn.DQNConfig(),
+    hidden_sizes=(32, 32),
+    batch_size=32,
+    min_replay_size=200,
+    max_replay_size=5_000,
+    samples_per_insert=2.0,
+    epsilon_decay_steps=2_000,
+)
+
+
+def _experiment(logdir, **overrides) -> experiment.ExperimentConfig:
+    settings = dict(
+        launcher="local",
+        logdir=str(logdir),
+        seed=0,
+        num_actors=1,
+        num_envs_per_actor=4,
+        num_learner_devices=1,
+        eval_episodes=2,
+        eval_interval_s=1.0,
+        log_interval_s=0.5,
+        checkpoint_interval_steps=40,
+        max_checkpoints_to_keep=2,
+    )
+    return experiment.ExperimentConfig(**{**settings, **overrides})
+
+
+def _csv_rows(logdir) -> list[dict[str, float]]:
+    with open(os.path.join(logdir, "metrics.csv")) as f:
+        return [
+            {key: float(row[key]) for key in ("wall_time_s", "env_steps", "learner_steps")}
+            for row in csv.DictReader(f)
+        ]
+
+
+def test_train_stop_resume_continues_counters_curve_and_evaluations(tmp_path):
+    builder = dqn.DQNBuilder(CONFIG)
+    first = experiment.run_experiment(builder, _experiment(tmp_path, total_env_steps=2_000))
+    first_rows = _csv_rows(tmp_path)
+    # The final checkpoint is taken after the learner stopped: it is its last step.
+    assert checkpoint.saved_steps(tmp_path)[-1] == first["params_version"] > 0
+
+    second = experiment.run_experiment(
+        builder, _experiment(tmp_path, total_env_steps=4_000, resume=True)
+    )
+    assert second["resumed_from_learner_step"] == first["params_version"]
+    assert second["env_steps"] >= 4_000 > first["env_steps"] >= 2_000
+    assert second["learner_steps"] > first["learner_steps"]
+    assert second["episodes"] > first["episodes"]
+    assert second["wall_time_s"] > first["wall_time_s"]
+    # The evaluation history continues rather than restarting.
+    assert second["evaluations"][: len(first["evaluations"])] == first["evaluations"]
+    assert len(second["evaluations"]) > len(first["evaluations"])
+    # The learning curve: the first run's rows, then rows that go on from them.
+    rows = _csv_rows(tmp_path)
+    assert rows[: len(first_rows)] == first_rows
+    assert len(rows) > len(first_rows)
+    for column in ("wall_time_s", "env_steps", "learner_steps"):
+        values = [row[column] for row in rows]
+        assert values == sorted(values), f"{column} goes backwards in metrics.csv"
+    # Periodic checkpoints were taken and old ones deleted, learner and replay alike.
+    steps = checkpoint.saved_steps(tmp_path)
+    assert len(steps) == 2 and steps[-1] == second["params_version"]
+    assert sorted(int(d) for d in os.listdir(checkpoint.replay_dir(tmp_path)) if d.isdigit()) == (
+        steps
+    )
+
+
+def _program(logdir, resume=None):
+    """The experiment's graph, driven by hand: the learner's run is disabled."""
+    cfg = _experiment(logdir, eval_interval_s=0.0, checkpoint_interval_steps=1_000)
+    builder = dqn.DQNBuilder(CONFIG)
+    graph = experiment.make_program(builder, cfg, SPEC, resume)
+    graph.node("learner").disable_run()
+    if resume is not None:
+        graph.node("actor").disable_run()  # nothing may change replay after the restore
+    return graph
+
+
+def test_resumed_nodes_hold_the_saved_parameters_replay_and_counters(tmp_path):
+    with launchers.launch(_program(tmp_path), "local") as running:
+        replay_client, learner, actor = (running.client(n) for n in ("replay", "learner", "actor"))
+        table = dqn.builder.TABLE
+        assert fakes.wait_until(lambda: replay_client.table_info()[table]["size"] >= 300, 120)
+        actor.stop()
+        assert actor.wait_finished(60)
+        for _ in range(5):
+            while not learner.step():
+                pass
+        saved_step = learner.save_checkpoint()
+        saved_version, saved = learner.get_params()
+        saved_size = replay_client.table_info()[table]["size"]
+        saved_actor = actor.counters()
+
+    target = jax.device_get(dqn.DQNBuilder(CONFIG).init_train_state(jax.random.PRNGKey(0), SPEC))
+    resume = checkpoint.find_resume_point(str(tmp_path), target)
+    assert resume.step == saved_step == saved_version == 5
+    with launchers.launch(_program(tmp_path, resume), "local") as running:
+        learner, replay_client = running.client("learner"), running.client("replay")
+        version, params = learner.get_params()
+        assert version == saved_version
+        # Bit for bit: same dtypes, same values.
+        jax.tree.map(functools.partial(np.testing.assert_array_equal, strict=True), params, saved)
+        assert replay_client.table_info()[table]["size"] == saved_size
+        counters = running.client("actor").counters()
+        assert counters["env_steps"] == saved_actor["env_steps"] > 0
+        assert counters["episodes"] == saved_actor["episodes"]
+        assert running.client("monitor").snapshot()["env_steps"] == saved_actor["env_steps"]
+        while not learner.step():
+            pass
+        assert learner.get_params()[0] == saved_version + 1
+
+
+def _fake_run(logdir, steps: list[int]) -> None:
+    """Learner and replay checkpoints at `steps`, each with a state of its own, as a run leaves."""
+    builder = dqn.DQNBuilder(CONFIG)
+    node = replay.ReplayNode(
+        functools.partial(builder.replay_tables, SPEC),
+        checkpoint_dir=checkpoint.replay_dir(logdir),
+    )
+    codec = builder.item_codec(SPEC)
+    writer = writers.TransitionWriter(reverb.Client(node.address()), dqn.builder.TABLE)
+    obs = SPEC.zeros_observation(10)
+    zeros = np.zeros(10, np.float32)
+    items = types.Transition(obs, np.zeros(10, np.int32), zeros, zeros, obs)
+    saver = checkpoint.LearnerCheckpoints(checkpoint.learner_dir(logdir))
+    try:
+        for step in steps:
+            writer.write(codec.encode(items), np.ones(10))
+            writer.flush()
+            info = node.checkpoint(step)
+            state = jax.device_get(builder.init_train_state(jax.random.PRNGKey(step), SPEC))
+            saver.save(step, state, {"learner_steps": step, "replay": info})
+    finally:
+        writer.close()
+        saver.close()
+        node.close()
+
+
+def _target():
+    return jax.device_get(dqn.DQNBuilder(CONFIG).init_train_state(jax.random.PRNGKey(0), SPEC))
+
+
+def _truncate(pattern: str) -> None:
+    files = [f for f in glob.glob(pattern, recursive=True) if os.path.isfile(f)]
+    assert files, pattern
+    for file in files:
+        with open(file, "r+b") as f:
+            f.truncate(os.path.getsize(file) // 2)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "learner/20/state/**/d/*",  # array data
+        "learner/20/meta/*",  # counters
+        "replay/20/chunks.tfrecord",  # Reverb would load it as an empty table
+    ],
+)
+def test_a_truncated_checkpoint_is_skipped_with_a_warning(tmp_path, caplog, damage):
+    _fake_run(tmp_path, [10, 20])
+    _truncate(os.path.join(checkpoint.checkpoint_root(tmp_path), damage))
+    with caplog.at_level(logging.WARNING):
+        resume = checkpoint.find_resume_point(str(tmp_path), _target())
+    assert resume.step == 10
+    assert resume.meta["replay"]["table_sizes"] == {dqn.builder.TABLE: 10}
+    assert any("skipping checkpoint" in r.message and "/20" in r.message for r in caplog.records)
+    # The unusable newer checkpoint is gone, so the resumed run's saves are the newest.
+    assert checkpoint.saved_steps(tmp_path) == [10]
+    assert not os.path.exists(os.path.join(checkpoint.replay_dir(tmp_path), "20"))
+
+
+def test_a_partially_written_checkpoint_is_never_loaded(tmp_path):
+    _fake_run(tmp_path, [10, 20])
+    # What orbax leaves when a save is cut short: a temporary name, never renamed.
+    learner_dir = checkpoint.learner_dir(tmp_path)
+    shutil.copytree(f"{learner_dir}/20", f"{learner_dir}/30.orbax-checkpoint-tmp-1795953567")
+    assert checkpoint.saved_steps(tmp_path) == [10, 20]
+    assert checkpoint.restore_newest(str(tmp_path), _target()).step == 20
+
+
+def test_resume_without_a_checkpoint_fails_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match="resume: no checkpoint in"):
+        _experiment(tmp_path, resume=True).validate()
+    _fake_run(tmp_path, [10])
+    _truncate(os.path.join(checkpoint.learner_dir(tmp_path), "10/state/**/d/*"))
+    with pytest.raises(checkpoint.CheckpointError, match="none of the 1 checkpoints"):
+        checkpoint.find_resume_point(str(tmp_path), _target())
+
+
+def test_a_new_run_replaces_the_checkpoints_of_an_earlier_one(tmp_path, capsys):
+    _fake_run(tmp_path, [10])
+    builder, cfg = dqn.DQNBuilder(CONFIG), _experiment(tmp_path)
+    resume = checkpoint.prepare_logdir(str(tmp_path), False, builder, cfg, lambda: None)
+    assert resume is None
+    assert checkpoint.saved_steps(tmp_path) == []
+    assert "deleting the checkpoints" in capsys.readouterr().out
+    # config.json rebuilds the same agent config (JSON turned its tuples into lists).
+    record = checkpoint.read_config(str(tmp_path))
+    assert checkpoint.config_from_dict(dqn.DQNConfig, record["agent_config"]) == CONFIG
+    assert record["builder"] == "agents.dqn.builder.DQNBuilder"
+
+
+def _learner_steps_logged(logdir) -> bool:
+    try:
+        return any(row["learner_steps"] > 0 for row in _csv_rows(logdir))
+    except (OSError, KeyError, ValueError):  # not written yet, or half a row
+        return False
+
+
+def test_sigterm_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path):
+    flags = [
+        "--launcher=local",
+        "--num_actors=1",
+        "--num_envs_per_actor=4",
+        "--num_learner_devices=1",
+        "--eval_interval_s=0",
+        "--total_env_steps=100000000",
+        "--checkpoint_interval_steps=1000000",  # only the final checkpoint
+        f"--logdir={tmp_path}",
+        "--config.hidden_sizes=(32,32)",
+        "--config.batch_size=32",
+        "--config.min_replay_size=200",
+    ]
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with subprocess.Popen(
+        [sys.executable, "-m", "launch.train", *flags],
+        cwd=repo,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as process:
+        try:
+            assert fakes.wait_until(lambda: _learner_steps_logged(tmp_path), 240)
+            process.send_signal(signal.SIGTERM)
+            output, _ = process.communicate(timeout=240)
+        finally:
+            process.kill()
+    assert process.returncode == 130, output[-2000:]  # the shell's code for an interrupt
+    assert "interrupted: final evaluation skipped" in output
+    assert "Traceback" not in output
+    with open(tmp_path / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["stop_reason"] == "interrupted"
+    assert checkpoint.saved_steps(tmp_path) == [summary["params_version"]]
+    assert summary["params_version"] > 0
+
+
+@pytest.mark.slow
+def test_resume_under_the_ray_launcher_with_a_relative_logdir(tmp_path, monkeypatch, ray_options):
+    # Nodes are processes of their own with another working directory: a
+    # relative logdir must still reach them as the same place.
+    monkeypatch.chdir(tmp_path)
+    builder = dqn.DQNBuilder(CONFIG)
+    settings = dict(
+        launcher="ray",
+        num_actors=2,
+        learner_cpus=0.5,
+        replay_cpus=0.5,
+        cpus_per_actor=0.5,
+        checkpoint_interval_steps=100,
+    )
+    first = experiment.run_experiment(
+        builder, _experiment("run", total_env_steps=3_000, **settings), **ray_options
+    )
+    second = experiment.run_experiment(
+        builder,
+        _experiment("run", total_env_steps=6_000, resume=True, **settings),
+        **ray_options,
+    )
+    assert second["resumed_from_learner_step"] == first["params_version"] > 0
+    assert second["learner_steps"] > first["learner_steps"]
+    assert second["env_steps"] >= 6_000
+    assert checkpoint.saved_steps(tmp_path / "run")[-1] == second["params_version"]

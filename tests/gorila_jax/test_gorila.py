@@ -1,0 +1,223 @@
+"""Gorila mode: workers and shards on a real Reverb replay, under the local launcher."""
+
+import dataclasses
+import functools
+
+import chex
+import jax
+import numpy as np
+
+from agents import dqn
+from gorila_jax import builder as builder_lib
+from gorila_jax import (
+    compression,
+    envs,
+    gorila,
+    launchers,
+    learner,
+    parallel,
+    program,
+    replay,
+    types,
+)
+
+SPEC = envs.env_spec("CartPole-v1")
+SEED = 3
+CONFIG = dataclasses.replace(
+    dqn.DQNConfig(),
+    hidden_sizes=(32, 32),
+    batch_size=64,
+    learning_rate=1e-3,
+    target_update_period=2,
+    importance_exponent_anneal_steps=100,
+    min_replay_size=100,
+)
+
+
+def _random_batch(seed: int, size: int = 64) -> builder_lib.SampledBatch:
+    rng = np.random.default_rng(seed)
+    data = types.Transition(
+        observation=rng.normal(size=(size, 4)).astype(np.float32),
+        action=rng.integers(0, 2, size).astype(np.int32),
+        reward=rng.normal(size=size).astype(np.float32),
+        discount=rng.choice([0.0, 0.99**3], size).astype(np.float32),
+        next_observation=rng.normal(size=(size, 4)).astype(np.float32),
+    )
+    probabilities = rng.uniform(0.5, 2.0, size) / (size * 10)
+    return builder_lib.SampledBatch(data, probabilities, np.full(size, size * 10, np.int64))
+
+
+def _gorila_program(num_shards: int, max_staleness: int, **worker_options) -> program.Program:
+    builder = dqn.DQNBuilder(CONFIG)
+    graph = program.Program("gorila-test")
+    with graph.group("replay"):
+        replay_node = graph.add_node(
+            replay.ReplayNode, functools.partial(builder.replay_tables, SPEC)
+        )
+    with graph.group("parameter_server"):
+        shards = [
+            graph.add_node(
+                gorila.ParameterShardNode, builder, SPEC, SEED, index, num_shards, max_staleness
+            )
+            for index in range(num_shards)
+        ]
+    with graph.group("gradient_worker"):
+        graph.add_node(
+            gorila.GradientWorkerNode,
+            builder,
+            SPEC,
+            replay_node,
+            shards,
+            None,
+            SEED,
+            0,
+            num_devices=1,
+            **worker_options,
+        )
+    graph.node("gradient_worker").disable_run()
+    return graph
+
+
+def _sync_params(batches) -> tuple:
+    builder = dqn.DQNBuilder(CONFIG)
+    devices = jax.devices()[:1]
+    step = parallel.pmap_step(
+        learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params),
+        devices,
+        out_axes=(0, 0, None),
+    )
+    key = jax.random.fold_in(jax.random.PRNGKey(SEED), 0)  # the learner node's key
+    state = parallel.replicate(builder.init_train_state(key, SPEC), devices)
+    for batch in batches:
+        state, _, _ = step(state, parallel.shard_to_devices(batch, devices))
+    state = parallel.unreplicate(state)
+    return state.params, state.target_params
+
+
+def test_one_worker_one_shard_fresh_gradients_equal_the_synchronous_learner():
+    batches = [_random_batch(seed) for seed in range(5)]
+    expected_params, expected_target = _sync_params(batches)
+    with launchers.launch(_gorila_program(1, max_staleness=0), "local") as running:
+        worker = running.client("gradient_worker")
+        for batch in batches:
+            assert worker.step_on(None, parallel.shard_to_devices(batch, jax.devices()[:1]))
+        version, params = gorila.ShardedParameters(
+            [running.client("parameter_server")],
+            gorila.initial_layout(dqn.DQNBuilder(CONFIG), SPEC, SEED, 1)[0],
+        ).get_params()
+    assert version == len(batches)
+    chex.assert_trees_all_close(params, expected_params, atol=1e-6)
+
+
+def _shard_layout(num_shards: int):
+    return gorila.initial_layout(dqn.DQNBuilder(CONFIG), SPEC, SEED, num_shards)[0]
+
+
+def test_gradients_on_stale_parameters_are_dropped_and_counted():
+    # The worker pulls every 3 steps; with max_staleness 0 only the first
+    # gradient after each pull lands on the version it was computed on.
+    devices = jax.devices()[:1]
+    with launchers.launch(_gorila_program(2, 0, async_update=3), "local") as running:
+        worker = running.client("gradient_worker")
+        applied = [
+            worker.step_on(None, parallel.shard_to_devices(_random_batch(seed), devices))
+            for seed in range(6)
+        ]
+        shard_counters = [running.client(f"parameter_server/{i}").counters() for i in range(2)]
+    assert applied == [True, False, False, True, False, False]
+    assert all(c["applied"] == 2 and c["dropped_stale"] == 4 for c in shard_counters)
+
+
+def test_loss_outliers_are_dropped_after_warmup_and_do_not_widen_the_band():
+    rng = np.random.default_rng(0)
+    losses = rng.normal(1.0, 0.1, 300)
+    filter_ = gorila.LossOutlierFilter(num_stds=4.0, warmup=100)
+    assert all(filter_.accept(float(loss)) for loss in losses[:100])  # warm-up: all pass
+    accepted_after = [filter_.accept(float(loss)) for loss in losses[100:]]
+    assert sum(accepted_after) >= 198  # 4 stds: almost nothing normal is dropped
+    assert not filter_.accept(10.0)
+    assert not filter_.accept(10.0)  # rejected outliers did not move the statistics
+    assert not filter_.accept(float("nan"))
+    assert filter_.accept(1.05)
+
+
+def test_two_shards_reassemble_into_the_parameters_actors_act_with():
+    with launchers.launch(_gorila_program(2, -1), "local") as running:
+        shards = [running.client(f"parameter_server/{i}") for i in range(2)]
+        source = gorila.ShardedParameters(shards, _shard_layout(2))
+        version, params = source.get_params()
+        assert version == 0
+        assert source.get_params(newer_than=0) is None
+        running.client("gradient_worker").step_on(
+            None, parallel.shard_to_devices(_random_batch(0), jax.devices()[:1])
+        )
+        version, moved = source.futures.get_params(0).result()
+    assert version == 2  # each of the two shards applied its slice once
+    expected_initial = (
+        dqn.DQNBuilder(CONFIG)
+        .init_train_state(jax.random.fold_in(jax.random.PRNGKey(SEED), 0), SPEC)
+        .params
+    )
+    chex.assert_trees_all_close(params, expected_initial)
+    assert not np.allclose(
+        jax.tree_util.tree_leaves(moved)[0], jax.tree_util.tree_leaves(params)[0]
+    )
+
+
+class _Pusher:
+    """Test node: pushes random gradient slices to one shard, from its own process."""
+
+    def __init__(self, shard: program.Client, size: int, seed: int):
+        self._shard, self._size, self._seed = shard, size, seed
+
+    def push_many(self, count: int) -> int:
+        rng = np.random.default_rng(self._seed)
+        applied = 0
+        for _ in range(count):
+            gradient = rng.normal(size=self._size).astype(np.float32)
+            encoded = compression.GradientCompressor("none").encode(gradient)
+            applied += self._shard.push(encoded, 0).applied
+        return applied
+
+
+def test_versions_count_each_update_once_under_pushes_from_three_processes(ray_options):
+    builder = dqn.DQNBuilder(CONFIG)
+    size = _shard_layout(1).size
+    graph = program.Program("shard-concurrency")
+    with graph.group("parameter_server", program.Resources(num_cpus=0.5)):
+        shard = graph.add_node(gorila.ParameterShardNode, builder, SPEC, SEED, 0, 1, -1)
+    with graph.group("pusher", program.Resources(num_cpus=0.5)):
+        for seed in range(3):
+            graph.add_node(_Pusher, shard, size, seed)
+    with launchers.launch(graph, "ray", **ray_options) as running:
+        pushes = [running.client(f"pusher/{i}").futures.push_many(40) for i in range(3)]
+        applied = sum(push.result() for push in pushes)
+        version, _ = running.client("parameter_server").get()
+        counters = running.client("parameter_server").counters()
+    assert applied == 120
+    assert version == counters["applied"] == 120
+
+
+def test_actors_receive_parameter_deltas_that_track_the_shards():
+    devices = jax.devices()[:1]
+    with launchers.launch(_gorila_program(2, -1), "local") as running:
+        shards = [running.client(f"parameter_server/{i}") for i in range(2)]
+        builder = dqn.DQNBuilder(CONFIG)
+        actor_view = gorila.sharded_parameters(shards, builder, SPEC, SEED, receiver="actor/0")
+        exact_view = gorila.ShardedParameters(shards, _shard_layout(2))
+        actor_view.get_params()
+        full_bytes = actor_view.bytes_received
+        for seed in range(3):
+            running.client("gradient_worker").step_on(
+                None, parallel.shard_to_devices(_random_batch(seed), devices)
+            )
+            _, received = actor_view.get_params()
+            _, exact = exact_view.get_params()
+            # Within one delta's bfloat16 rounding of the shards' float32 values.
+            chex.assert_trees_all_close(received, exact, atol=1e-4)
+        delta_bytes = actor_view.bytes_received - full_bytes
+        # A restarted actor under the same name has no base: it gets full slices again.
+        restarted = gorila.sharded_parameters(shards, builder, SPEC, SEED, receiver="actor/0")
+        _, fresh = restarted.get_params()
+        chex.assert_trees_all_close(fresh, exact_view.get_params(-1)[1], atol=0)
+    assert delta_bytes <= 3 * full_bytes / 2 + 1  # three deltas at bfloat16: half each
