@@ -28,6 +28,7 @@ from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
 from gorila_jax import actor, envs, launchers, learner, program, replay, types, writers  # noqa: E402
+from bench import timing  # noqa: E402
 from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
@@ -36,32 +37,12 @@ _THREADS = flags.DEFINE_integer("env_threads", 1, "envpool threads, as --env_thr
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
 
 
-def _timed(fn, seconds: float, units_per_call: int) -> float:
-    """Units per second of calling `fn` repeatedly for about `seconds` (after a warm-up)."""
-    fn()
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        fn()
-        calls += 1
-    return calls * units_per_call / (time.perf_counter() - start)
-
-
-def raw_envpool(spec: types.EnvSpec, num_envs: int, threads: int, seconds: float) -> float:
-    env = envs.make_env(spec.env_id, num_envs, seed=0, num_threads=threads)
-    env.reset()
-    rng = np.random.default_rng(0)
-    step = lambda: env.step(rng.integers(0, spec.num_actions, num_envs).astype(np.int32))
-    rate = _timed(step, seconds, num_envs)
-    env.close()
-    return rate
-
-
 def bare_policy(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
     params = jax.device_put(builder.init_train_state(jax.random.PRNGKey(0), spec).params)
     policy = builder.make_policy(spec, 0, 1, evaluation=False)
     obs = spec.zeros_observation(num_envs)
     key = jax.random.PRNGKey(0)
-    return _timed(lambda: np.asarray(policy(params, obs, key, 0)), seconds, num_envs)
+    return timing.timed(lambda: np.asarray(policy(params, obs, key, 0)), seconds, num_envs)
 
 
 def _real_transitions(spec: types.EnvSpec, num_envs: int, n: int, discount: float):
@@ -141,7 +122,7 @@ def main(argv):
     config = dataclasses.replace(config, min_replay_size=10**7, max_replay_size=10**7)
     builder = dqn.DQNBuilder(config)
     num_envs, seconds = _NUM_ENVS.value, _SECONDS.value
-    a = raw_envpool(spec, num_envs, _THREADS.value, seconds)
+    a = timing.raw_envpool(spec, num_envs, _THREADS.value, seconds)
     b = bare_policy(builder, spec, num_envs, seconds)
     c = reverb_inserts(builder, spec, num_envs, seconds)
     d = actor_node(builder, spec, num_envs, _THREADS.value, seconds)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
-from bench.actor_throughput import raw_envpool  # noqa: E402
+from bench.timing import raw_envpool  # noqa: E402
 from gorila_jax import envs, experiment  # noqa: E402
 from launch import presets  # noqa: E402
 
@@ -73,10 +73,13 @@ def pipeline_rate(num_actors: int) -> dict:
     seconds = float(last["wall_time_s"]) - float(first["wall_time_s"])
     env_steps = float(last["env_steps"]) - float(first["env_steps"])
     updates = float(last["learner_steps"]) - float(first["learner_steps"])
+    updates_per_s = updates / seconds
     return {
         "num_actors": num_actors,
         "frames_per_s": env_steps * FRAME_SKIP / seconds,
-        "updates_per_s": updates / seconds,
+        "updates_per_s": updates_per_s,
+        # What the rate limiter lets actors insert at this update rate.
+        "learner_bound_frames_per_s": updates_per_s * _BATCH.value / _SPI.value * FRAME_SKIP,
     }
 
 

@@ -289,8 +289,7 @@ class GradientWorkerNode(program.Worker):
             raise ValueError(f"async_update must be positive, got {async_update}")
         self._builder, self._monitor, self._index = builder, monitor, worker_index
         self._async_update, self._report_interval_s = async_update, report_interval_s
-        available = jax.local_devices()
-        self._devices = available[: num_devices or None]
+        self._devices = parallel.local_devices(num_devices)
         builder.validate(len(self._devices))
         self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)

@@ -141,12 +141,7 @@ class LearnerNode(program.Worker):
         precision.use_tf32(tf32)
         self._builder, self._monitor, self._replay = builder, monitor, replay_client
         self._report_interval_s = report_interval_s
-        available = jax.local_devices()
-        if num_devices > len(available):
-            raise ValueError(
-                f"num_learner_devices={num_devices} but this host has {len(available)} devices"
-            )
-        self._devices = available[: num_devices or None]
+        self._devices = parallel.local_devices(num_devices)
         builder.validate(len(self._devices))
         self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)

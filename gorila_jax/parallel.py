@@ -12,6 +12,20 @@ import numpy as np
 DATA_AXIS = "data"
 
 
+def local_devices(num_devices: int) -> list[jax.Device]:
+    """The first `num_devices` local devices (0: all of them).
+
+    Raises:
+      ValueError: if the host has fewer.
+    """
+    available = jax.local_devices()
+    if num_devices > len(available):
+        raise ValueError(
+            f"num_learner_devices={num_devices} but this host has {len(available)} devices"
+        )
+    return available[: num_devices or None]
+
+
 def pmean(tree: Any) -> Any:
     """Averages `tree` over learner devices; call only inside a pmapped step."""
     return jax.lax.pmean(tree, axis_name=DATA_AXIS)

@@ -8,18 +8,8 @@ import jax
 import numpy as np
 
 from agents import dqn
-from gorila_jax import builder as builder_lib
-from gorila_jax import (
-    compression,
-    envs,
-    gorila,
-    launchers,
-    learner,
-    parallel,
-    program,
-    replay,
-    types,
-)
+from gorila_jax import compression, envs, gorila, launchers, learner, parallel, program, replay
+from tests.agents.dqn.test_learning import _random_batch
 
 SPEC = envs.env_spec("CartPole-v1")
 SEED = 3
@@ -32,19 +22,6 @@ CONFIG = dataclasses.replace(
     importance_exponent_anneal_steps=100,
     min_replay_size=100,
 )
-
-
-def _random_batch(seed: int, size: int = 64) -> builder_lib.SampledBatch:
-    rng = np.random.default_rng(seed)
-    data = types.Transition(
-        observation=rng.normal(size=(size, 4)).astype(np.float32),
-        action=rng.integers(0, 2, size).astype(np.int32),
-        reward=rng.normal(size=size).astype(np.float32),
-        discount=rng.choice([0.0, 0.99**3], size).astype(np.float32),
-        next_observation=rng.normal(size=(size, 4)).astype(np.float32),
-    )
-    probabilities = rng.uniform(0.5, 2.0, size) / (size * 10)
-    return builder_lib.SampledBatch(data, probabilities, np.full(size, size * 10, np.int64))
 
 
 def _gorila_program(num_shards: int, max_staleness: int, **worker_options) -> program.Program:
