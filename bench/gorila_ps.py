@@ -83,7 +83,7 @@ def real_gradient(builder, spec: types.EnvSpec) -> np.ndarray:
 
 
 def scheme_rates(builder, spec, gradient: np.ndarray, seconds: float) -> list[dict]:
-    layout, flat = gorila.initial_layout(builder, spec, SEED, 1)
+    layout, flat = parameter_server.initial_layout(builder, spec, SEED, 1)
     results = []
     for scheme in compression.GRADIENT_SCHEMES:
         shard = parameter_server.ParameterShard(flat, builder.shard_optimizer())
@@ -128,7 +128,7 @@ class PusherNode:
 
 
 def shard_scaling(builder, spec, gradient: np.ndarray, num_shards: int, seconds: float) -> dict:
-    layout, _ = gorila.initial_layout(builder, spec, SEED, num_shards)
+    layout, _ = parameter_server.initial_layout(builder, spec, SEED, num_shards)
     graph = program.Program("ps-bench")
     with graph.group("parameter_server", program.Resources(num_cpus=0.5)):
         shards = [

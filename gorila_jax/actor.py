@@ -11,7 +11,7 @@ import numpy as np
 import reverb
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, gorila, program, types, writers
+from gorila_jax import envs, parameter_server, program, types, writers
 
 
 class EpisodeTracker:
@@ -110,7 +110,7 @@ class ActorNode(program.Worker):
         super().__init__()
         self.name = f"actor/{actor_index}"
         self._builder, self._spec = builder, spec
-        self._learner = gorila.parameter_source(learner, builder, spec, seed, self.name)
+        self._learner = parameter_server.parameter_source(learner, builder, spec, seed, self.name)
         self._monitor = monitor
         self._num_envs, self._pull_interval = num_envs, param_pull_interval
         self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps

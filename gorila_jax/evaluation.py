@@ -6,7 +6,7 @@ import jax
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, gorila, program, types
+from gorila_jax import envs, parameter_server, program, types
 
 
 def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Array) -> np.ndarray:
@@ -56,7 +56,7 @@ class EvaluatorNode(program.Worker):
     ):
         super().__init__()
         self._builder, self._spec = builder, spec
-        self._learner = gorila.parameter_source(learner, builder, spec, seed, "evaluator")
+        self._learner = parameter_server.parameter_source(learner, builder, spec, seed, "evaluator")
         self._monitor = monitor
         self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
 

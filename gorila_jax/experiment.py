@@ -16,7 +16,7 @@ import jax
 from gorila_jax import actor, checkpoint, envs, evaluation, launchers, learner, metrics, monitor
 from gorila_jax import builder as builder_lib
 from gorila_jax import program as program_lib
-from gorila_jax import compression, gorila, replay, types
+from gorila_jax import compression, gorila, parameter_server, replay, types
 
 
 LEARNER_MODES = ("sync", "gorila")
@@ -368,7 +368,9 @@ def _final_params(
     """(version, parameters) at the end: the learner's, or assembled from the Gorila shards."""
     if cfg.learner_mode == "gorila":
         shards = [running.client(f"parameter_server/{i}") for i in range(cfg.num_ps_shards)]
-        return gorila.sharded_parameters(shards, builder, spec, cfg.seed, "driver").get_params()
+        return parameter_server.sharded_parameters(
+            shards, builder, spec, cfg.seed, "driver"
+        ).get_params()
     return running.client("learner").get_params()
 
 

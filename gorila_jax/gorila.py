@@ -9,7 +9,6 @@ too many versions old are dropped (at the shard), and gradients whose loss is
 an outlier for that worker are dropped (at the worker).
 """
 
-import concurrent.futures
 import functools
 import math
 import threading
@@ -33,16 +32,6 @@ from gorila_jax import (
 )
 
 
-def initial_layout(
-    builder: builder_lib.AgentBuilder, spec: types.EnvSpec, seed: int, num_shards: int
-):
-    """The shard layout and the initial flat parameters, the same in every process."""
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
-    params = builder.trainable_params(builder.init_train_state(key, spec))
-    layout = parameter_server.ShardLayout(params, num_shards)
-    return layout, layout.flatten(params)
-
-
 class ParameterShardNode:
     """A program node holding shard `index` of `num_shards` (see `ParameterShard`)."""
 
@@ -55,7 +44,7 @@ class ParameterShardNode:
         num_shards: int,
         max_staleness: int,
     ):
-        layout, flat = initial_layout(builder, spec, seed, num_shards)
+        layout, flat = parameter_server.initial_layout(builder, spec, seed, num_shards)
         self._shard = parameter_server.ParameterShard(
             flat[layout.slices[index]], builder.shard_optimizer(), max_staleness
         )
@@ -87,90 +76,6 @@ class ParameterShardNode:
 
     def counters(self) -> dict[str, int]:
         return dict(self._shard.counters)
-
-
-class ShardedParameters:
-    """Assembles full parameters from all shards; quacks like a learner client for actors.
-
-    The version is the sum of the shards' versions: it grows whenever any
-    shard applies an update, which is what "newer" means to an actor.
-    """
-
-    def __init__(
-        self,
-        shards: list[program.Client],
-        layout: parameter_server.ShardLayout,
-        delta_receiver: str | None = None,
-    ):
-        self._shards, self._layout = shards, layout
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
-        self.shard_versions = [-1] * len(shards)
-        self._parts: list[np.ndarray | None] = [None] * len(shards)
-        self._receiver = delta_receiver
-        self._decoders = [compression.DeltaDecoder() for _ in shards]
-        self.bytes_received = 0
-
-    def _request(self, index: int) -> concurrent.futures.Future:
-        shard, version = self._shards[index], self.shard_versions[index]
-        if self._receiver is None:
-            return shard.futures.get(version)
-        has_base = self._decoders[index].params is not None
-        return shard.futures.get_delta(self._receiver, version, has_base)
-
-    def pull(self) -> tuple[list[int], Any]:
-        """(each shard's version, the full parameter pytree); fetches only changed slices.
-
-        With a `delta_receiver` name, slices come as deltas against the copy
-        this receiver holds (`compression.DeltaEncoder`).
-        """
-        requests = [self._request(index) for index in range(len(self._shards))]
-        for index, request in enumerate(requests):
-            answer = request.result()
-            if answer is None:
-                continue
-            version, part = answer
-            self.bytes_received += part.nbytes
-            if self._receiver is not None:
-                part = self._decoders[index].apply(part)
-            self.shard_versions[index], self._parts[index] = version, part
-        return list(self.shard_versions), self._layout.join(self._parts)
-
-    def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
-        versions, params = self.pull()
-        version = sum(versions)
-        return None if version <= newer_than else (version, jax.device_get(params))
-
-    @property
-    def futures(self) -> Any:
-        pool, get_params = self._pool, self.get_params
-
-        class _Futures:
-            def get_params(self, newer_than: int = -1) -> concurrent.futures.Future:
-                return pool.submit(get_params, newer_than)
-
-        return _Futures()
-
-
-def sharded_parameters(
-    shards: list[program.Client],
-    builder: builder_lib.AgentBuilder,
-    spec: types.EnvSpec,
-    seed: int,
-    receiver: str,
-) -> ShardedParameters:
-    """What actors and evaluators read parameters from in Gorila mode (as deltas)."""
-    layout = initial_layout(builder, spec, seed, len(shards))[0]
-    return ShardedParameters(shards, layout, delta_receiver=receiver)
-
-
-def parameter_source(
-    learner: Any, builder: builder_lib.AgentBuilder, spec: types.EnvSpec, seed: int, receiver: str
-) -> Any:
-    """Where a node reads parameters: the learner's client (sync mode) as given, or,
-    given the list of shard clients (Gorila mode), a `ShardedParameters` over them."""
-    if isinstance(learner, (list, tuple)):
-        return sharded_parameters(list(learner), builder, spec, seed, receiver)
-    return learner
 
 
 def add_nodes(
@@ -294,9 +199,9 @@ class GradientWorkerNode(program.Worker):
         self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)
         key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + worker_index)
-        self._layout, _ = initial_layout(builder, spec, seed, len(shards))
+        self._layout, _ = parameter_server.initial_layout(builder, spec, seed, len(shards))
         self._shards = shards
-        self._params = ShardedParameters(shards, self._layout)
+        self._params = parameter_server.ShardedParameters(shards, self._layout)
         self._compressors = [compression.GradientCompressor(compression_scheme) for _ in shards]
         self._outliers = LossOutlierFilter(outlier_stds)
         self._state = builder.init_train_state(key, spec)

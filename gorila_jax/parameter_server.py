@@ -8,6 +8,7 @@ elementwise optimizers (SGD with momentum, RMSProp, Adam), which is why the
 agents clip whole gradients on the workers before they are split.
 """
 
+import concurrent.futures
 import threading
 from typing import Any, NamedTuple
 
@@ -17,7 +18,8 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 
-from gorila_jax import compression
+from gorila_jax import builder as builder_lib
+from gorila_jax import compression, program, types
 
 
 class ShardLayout:
@@ -122,3 +124,97 @@ class ParameterShard:
             self.counters["applied"] += 1
             self.counters["staleness_sum"] += staleness
             return PushResult(True, version + 1, staleness)
+
+
+def initial_layout(
+    builder: builder_lib.AgentBuilder, spec: types.EnvSpec, seed: int, num_shards: int
+):
+    """The shard layout and the initial flat parameters, the same in every process."""
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
+    params = builder.trainable_params(builder.init_train_state(key, spec))
+    layout = ShardLayout(params, num_shards)
+    return layout, layout.flatten(params)
+
+
+class ShardedParameters:
+    """Assembles full parameters from all shards; quacks like a learner client for actors.
+
+    The version is the sum of the shards' versions: it grows whenever any
+    shard applies an update, which is what "newer" means to an actor.
+    """
+
+    def __init__(
+        self,
+        shards: list[program.Client],
+        layout: ShardLayout,
+        delta_receiver: str | None = None,
+    ):
+        self._shards, self._layout = shards, layout
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2)
+        self.shard_versions = [-1] * len(shards)
+        self._parts: list[np.ndarray | None] = [None] * len(shards)
+        self._receiver = delta_receiver
+        self._decoders = [compression.DeltaDecoder() for _ in shards]
+        self.bytes_received = 0
+
+    def _request(self, index: int) -> concurrent.futures.Future:
+        shard, version = self._shards[index], self.shard_versions[index]
+        if self._receiver is None:
+            return shard.futures.get(version)
+        has_base = self._decoders[index].params is not None
+        return shard.futures.get_delta(self._receiver, version, has_base)
+
+    def pull(self) -> tuple[list[int], Any]:
+        """(each shard's version, the full parameter pytree); fetches only changed slices.
+
+        With a `delta_receiver` name, slices come as deltas against the copy
+        this receiver holds (`compression.DeltaEncoder`).
+        """
+        requests = [self._request(index) for index in range(len(self._shards))]
+        for index, request in enumerate(requests):
+            answer = request.result()
+            if answer is None:
+                continue
+            version, part = answer
+            self.bytes_received += part.nbytes
+            if self._receiver is not None:
+                part = self._decoders[index].apply(part)
+            self.shard_versions[index], self._parts[index] = version, part
+        return list(self.shard_versions), self._layout.join(self._parts)
+
+    def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
+        versions, params = self.pull()
+        version = sum(versions)
+        return None if version <= newer_than else (version, jax.device_get(params))
+
+    @property
+    def futures(self) -> Any:
+        pool, get_params = self._pool, self.get_params
+
+        class _Futures:
+            def get_params(self, newer_than: int = -1) -> concurrent.futures.Future:
+                return pool.submit(get_params, newer_than)
+
+        return _Futures()
+
+
+def sharded_parameters(
+    shards: list[program.Client],
+    builder: builder_lib.AgentBuilder,
+    spec: types.EnvSpec,
+    seed: int,
+    receiver: str,
+) -> ShardedParameters:
+    """What actors and evaluators read parameters from in Gorila mode (as deltas)."""
+    layout = initial_layout(builder, spec, seed, len(shards))[0]
+    return ShardedParameters(shards, layout, delta_receiver=receiver)
+
+
+def parameter_source(
+    learner: Any, builder: builder_lib.AgentBuilder, spec: types.EnvSpec, seed: int, receiver: str
+) -> Any:
+    """Where a node reads parameters: the learner's client (sync mode) as given, or,
+    given the list of shard clients (Gorila mode), a `ShardedParameters` over them."""
+    if isinstance(learner, (list, tuple)):
+        return sharded_parameters(list(learner), builder, spec, seed, receiver)
+    return learner

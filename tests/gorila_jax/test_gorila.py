@@ -8,7 +8,18 @@ import jax
 import numpy as np
 
 from agents import dqn
-from gorila_jax import compression, envs, gorila, launchers, learner, parallel, program, replay
+from gorila_jax import (
+    compression,
+    envs,
+    experiment,
+    gorila,
+    launchers,
+    learner,
+    parallel,
+    parameter_server,
+    program,
+    replay,
+)
 from tests.agents.dqn.test_learning import _random_batch
 
 SPEC = envs.env_spec("CartPole-v1")
@@ -78,16 +89,16 @@ def test_one_worker_one_shard_fresh_gradients_equal_the_synchronous_learner():
         worker = running.client("gradient_worker")
         for batch in batches:
             assert worker.step_on(None, parallel.shard_to_devices(batch, jax.devices()[:1]))
-        version, params = gorila.ShardedParameters(
+        version, params = parameter_server.ShardedParameters(
             [running.client("parameter_server")],
-            gorila.initial_layout(dqn.DQNBuilder(CONFIG), SPEC, SEED, 1)[0],
+            parameter_server.initial_layout(dqn.DQNBuilder(CONFIG), SPEC, SEED, 1)[0],
         ).get_params()
     assert version == len(batches)
     chex.assert_trees_all_close(params, expected_params, atol=1e-6)
 
 
 def _shard_layout(num_shards: int):
-    return gorila.initial_layout(dqn.DQNBuilder(CONFIG), SPEC, SEED, num_shards)[0]
+    return parameter_server.initial_layout(dqn.DQNBuilder(CONFIG), SPEC, SEED, num_shards)[0]
 
 
 def test_gradients_on_stale_parameters_are_dropped_and_counted():
@@ -121,7 +132,7 @@ def test_loss_outliers_are_dropped_after_warmup_and_do_not_widen_the_band():
 def test_two_shards_reassemble_into_the_parameters_actors_act_with():
     with launchers.launch(_gorila_program(2, -1), "local") as running:
         shards = [running.client(f"parameter_server/{i}") for i in range(2)]
-        source = gorila.ShardedParameters(shards, _shard_layout(2))
+        source = parameter_server.ShardedParameters(shards, _shard_layout(2))
         version, params = source.get_params()
         assert version == 0
         assert source.get_params(newer_than=0) is None
@@ -180,8 +191,10 @@ def test_actors_receive_parameter_deltas_that_track_the_shards():
     with launchers.launch(_gorila_program(2, -1), "local") as running:
         shards = [running.client(f"parameter_server/{i}") for i in range(2)]
         builder = dqn.DQNBuilder(CONFIG)
-        actor_view = gorila.sharded_parameters(shards, builder, SPEC, SEED, receiver="actor/0")
-        exact_view = gorila.ShardedParameters(shards, _shard_layout(2))
+        actor_view = parameter_server.sharded_parameters(
+            shards, builder, SPEC, SEED, receiver="actor/0"
+        )
+        exact_view = parameter_server.ShardedParameters(shards, _shard_layout(2))
         actor_view.get_params()
         full_bytes = actor_view.bytes_received
         for seed in range(3):
@@ -194,7 +207,35 @@ def test_actors_receive_parameter_deltas_that_track_the_shards():
             chex.assert_trees_all_close(received, exact, atol=1e-4)
         delta_bytes = actor_view.bytes_received - full_bytes
         # A restarted actor under the same name has no base: it gets full slices again.
-        restarted = gorila.sharded_parameters(shards, builder, SPEC, SEED, receiver="actor/0")
+        restarted = parameter_server.sharded_parameters(
+            shards, builder, SPEC, SEED, receiver="actor/0"
+        )
         _, fresh = restarted.get_params()
         chex.assert_trees_all_close(fresh, exact_view.get_params(-1)[1], atol=0)
     assert delta_bytes <= 3 * full_bytes / 2 + 1  # three deltas at bfloat16: half each
+
+
+def test_a_gorila_run_applies_updates_through_the_shards_and_reports_them(tmp_path):
+    exp = experiment.ExperimentConfig(
+        launcher="local",
+        learner_mode="gorila",
+        num_learners=2,
+        num_ps_shards=2,
+        num_actors=1,
+        num_envs_per_actor=4,
+        total_env_steps=3_000,
+        num_learner_devices=1,
+        eval_interval_s=0,
+        eval_episodes=2,
+        log_interval_s=0.5,
+        logdir=str(tmp_path),
+    )
+    config = dataclasses.replace(CONFIG, min_replay_size=500, samples_per_insert=2.0)
+    summary = experiment.run_experiment(dqn.DQNBuilder(config), exp)
+    assert summary["learner_steps"] > 0  # applied updates, summed over workers
+    # Each applied update raised both shards' versions; actors read their sum.
+    assert summary["params_version"] >= summary["learner_steps"]
+    assert not (tmp_path / "checkpoints" / "learner").exists()  # Gorila mode does not save yet
+    with open(tmp_path / "metrics.csv") as f:
+        header = f.readline()
+    assert "bytes_per_update" in header and "mean_staleness" in header
