@@ -60,6 +60,7 @@ class ExperimentConfig:
       num_ps_shards: Gorila parameter-server shards.
       max_staleness: a shard drops gradients computed on parameters more than
         this many of its versions old; negative accepts any.
+      staleness_lr_scaling: shards scale each update by 1 / (1 + its staleness).
       async_update: a gradient worker pulls fresh parameters every this many gradients.
       compression: how gradients travel to the shards (compression.GRADIENT_SCHEMES).
       outlier_stds: a worker drops gradients whose loss is more than this many
@@ -95,6 +96,7 @@ class ExperimentConfig:
     num_learners: int = 2
     num_ps_shards: int = 2
     max_staleness: int = 8
+    staleness_lr_scaling: bool = False
     async_update: int = 1
     compression: str = "none"
     outlier_stds: float = 4.0

@@ -43,10 +43,11 @@ class ParameterShardNode:
         index: int,
         num_shards: int,
         max_staleness: int,
+        staleness_scaling: bool = False,
     ):
         layout, flat = parameter_server.initial_layout(builder, spec, seed, num_shards)
         self._shard = parameter_server.ParameterShard(
-            flat[layout.slices[index]], builder.shard_optimizer(), max_staleness
+            flat[layout.slices[index]], builder.shard_optimizer(), max_staleness, staleness_scaling
         )
         self._encoders: dict[str, compression.DeltaEncoder] = {}
         self._encoders_lock = threading.Lock()
@@ -101,6 +102,7 @@ def add_nodes(
                 index,
                 cfg.num_ps_shards,
                 cfg.max_staleness,
+                cfg.staleness_lr_scaling,
             )
             for index in range(cfg.num_ps_shards)
         ]

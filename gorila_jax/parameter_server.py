@@ -84,23 +84,32 @@ class ParameterShard:
       initial: this shard's slice of the initial flat parameters.
       optimizer: an elementwise optax optimizer (the agent's).
       max_staleness: largest accepted version gap; negative accepts any.
+      staleness_scaling: scale each update by 1 / (1 + staleness), so a
+        gradient computed on older parameters moves them less (Zhang et al.,
+        2016). It scales the optimizer's update, not the gradient: Adam
+        would undo a scaled gradient.
     """
 
     def __init__(
-        self, initial: np.ndarray, optimizer: optax.GradientTransformation, max_staleness: int = -1
+        self,
+        initial: np.ndarray,
+        optimizer: optax.GradientTransformation,
+        max_staleness: int = -1,
+        staleness_scaling: bool = False,
     ):
         initial = np.asarray(initial, np.float32)
         self._optimizer = optimizer
         self._opt_state = optimizer.init(jnp.asarray(initial))
         self._current = (0, initial)
         self._max_staleness = max_staleness
+        self._staleness_scaling = staleness_scaling
         self._update_lock = threading.Lock()
         self._apply = jax.jit(self._apply_fn)
         self.counters = {"applied": 0, "dropped_stale": 0, "staleness_sum": 0, "bytes_in": 0}
 
-    def _apply_fn(self, params, opt_state, grads):
+    def _apply_fn(self, params, opt_state, grads, scale):
         updates, opt_state = self._optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
+        return params + scale * updates, opt_state
 
     def get(self, newer_than: int = -1) -> tuple[int, np.ndarray] | None:
         """(version, slice), or None if the shard is not newer than `newer_than`."""
@@ -119,7 +128,10 @@ class ParameterShard:
             if 0 <= self._max_staleness < staleness:
                 self.counters["dropped_stale"] += 1
                 return PushResult(False, version, staleness)
-            new_params, self._opt_state = self._apply(params, self._opt_state, grads)
+            scale = 1.0 / (1 + max(staleness, 0)) if self._staleness_scaling else 1.0
+            new_params, self._opt_state = self._apply(
+                params, self._opt_state, grads, np.float32(scale)
+            )
             self._current = (version + 1, np.asarray(new_params))
             self.counters["applied"] += 1
             self.counters["staleness_sum"] += staleness

@@ -112,6 +112,9 @@ _NUM_PS_SHARDS = flags.DEFINE_integer(
 _MAX_STALENESS = flags.DEFINE_integer(
     "max_staleness", 8, "Gorila: drop gradients more than this many versions old; <0: keep all."
 )
+_STALENESS_SCALING = flags.DEFINE_bool(
+    "staleness_lr_scaling", False, "Gorila: scale each update by 1 / (1 + its staleness)."
+)
 _ASYNC_UPDATE = flags.DEFINE_integer(
     "async_update", 1, "Gorila: workers pull parameters every this many gradients.", lower_bound=1
 )
@@ -157,6 +160,7 @@ _EXPERIMENT_FLAGS = {
     "num_learners": _NUM_LEARNERS,
     "num_ps_shards": _NUM_PS_SHARDS,
     "max_staleness": _MAX_STALENESS,
+    "staleness_lr_scaling": _STALENESS_SCALING,
     "async_update": _ASYNC_UPDATE,
     "compression": _COMPRESSION,
     "outlier_stds": _OUTLIER_STDS,

@@ -97,3 +97,16 @@ def test_readers_are_not_blocked_by_an_update_in_progress():
         reader.start()
         assert read.wait(timeout=30)
     reader.join()
+
+
+def test_staleness_scaling_moves_parameters_less_for_older_gradients():
+    shard = parameter_server.ParameterShard(
+        np.zeros(3, np.float32), optax.sgd(1.0), staleness_scaling=True
+    )
+    ones = np.ones(3, np.float32)
+    _push(shard, ones, version=0)  # fresh: the whole step
+    np.testing.assert_array_equal(shard.get()[1], -ones)
+    _push(shard, ones, version=0)  # one version stale: half a step
+    np.testing.assert_array_equal(shard.get()[1], -1.5 * ones)
+    _push(shard, ones, version=0)  # two versions stale: a third
+    np.testing.assert_allclose(shard.get()[1], -(1.5 + 1 / 3) * ones, rtol=1e-6)
