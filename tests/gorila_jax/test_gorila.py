@@ -20,19 +20,11 @@ from gorila_jax import (
     program,
     replay,
 )
-from tests.agents.dqn.test_learning import _random_batch
+from tests.agents.dqn.test_learning import TINY, _random_batch
 
 SPEC = envs.env_spec("CartPole-v1")
 SEED = 3
-CONFIG = dataclasses.replace(
-    dqn.DQNConfig(),
-    hidden_sizes=(32, 32),
-    batch_size=64,
-    learning_rate=1e-3,
-    target_update_period=2,
-    importance_exponent_anneal_steps=100,
-    min_replay_size=100,
-)
+CONFIG = dataclasses.replace(TINY, min_replay_size=100)
 
 
 def _gorila_program(num_shards: int, max_staleness: int, **worker_options) -> program.Program:
