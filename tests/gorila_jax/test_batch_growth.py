@@ -2,11 +2,14 @@
 
 import dataclasses
 
+import chex
+import jax
 import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import launchers
+from gorila_jax import launchers, learner, parallel
+from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 from tests.gorila_jax import test_nodes
 
 
@@ -65,3 +68,15 @@ def test_the_learner_follows_the_schedule_within_the_replay_ratio():
     # its slack fits 16 of the largest batches, so a big batch never deadlocks.
     assert info["samples_per_insert"] == 2.0 and info["slack"] >= 16 * 128
     assert info["samples"] <= 2.0 * (info["inserts"] - 200) + info["slack"]
+
+
+def test_the_update_compiles_once_per_distinct_batch_size():
+    builder = dqn.DQNBuilder(TINY)
+    step_fn = learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params)
+    chex.clear_trace_counter()
+    step = parallel.pmap_step(
+        chex.assert_max_traces(step_fn, n=3), jax.devices(), out_axes=(0, 0, None)
+    )
+    state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), jax.devices())
+    for seed, size in enumerate([32, 32, 64, 64, 128, 128, 128]):
+        state, _, _ = step(state, parallel.shard(_random_batch(seed, size), 4))
