@@ -52,6 +52,15 @@ class UpdateFns(NamedTuple):
     apply_grads: Callable[[Any, Any], Any]
 
 
+def initial_train_state(builder: "AgentBuilder", spec: types.EnvSpec, seed: int) -> Any:
+    """The learner's starting state for root `seed`.
+
+    Every process that needs it builds the same one: the learner, each Gorila
+    shard (its slice of the parameters) and a resume's restore target.
+    """
+    return builder.init_train_state(jax.random.fold_in(jax.random.PRNGKey(seed), 0), spec)
+
+
 # ((first learner step, global batch size), ...), sorted by step, first step 0.
 BatchSchedule = tuple[tuple[int, int], ...]
 

@@ -11,7 +11,6 @@ import threading
 import time
 from typing import Any, Iterator
 
-import jax
 
 from gorila_jax import actor, checkpoint, envs, evaluation, launchers, learner, metrics, monitor
 from gorila_jax import builder as builder_lib
@@ -102,6 +101,11 @@ class ExperimentConfig:
     outlier_stds: float = 4.0
     ps_cpus: float = 0.5
 
+    @property
+    def saves_checkpoints(self) -> bool:
+        # Gorila mode's state lives in shards and workers: not checkpointed yet.
+        return self.checkpoint_interval_steps > 0 and self.learner_mode == "sync"
+
     def validate(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
         for name in (
@@ -171,8 +175,7 @@ def make_program(
     """
     program = program_lib.Program("gorila")
     no_cpu = program_lib.Resources(num_cpus=0)
-    # Gorila mode's state lives in shards and workers: not checkpointed yet.
-    saving = cfg.checkpoint_interval_steps > 0 and cfg.learner_mode == "sync"
+    saving = cfg.saves_checkpoints
     restore_step = resume.step if resume else None
     meta = resume.meta if resume else {}
     with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
@@ -396,9 +399,12 @@ def run_experiment(
     cfg.validate()
     spec = envs.env_spec(cfg.env_id)
     builder.validate(cfg.num_learner_devices or 1, spec)
-    key = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), 0)
     resume = checkpoint.prepare_logdir(
-        cfg.logdir, cfg.resume, builder, cfg, lambda: builder.init_train_state(key, spec)
+        cfg.logdir,
+        cfg.resume,
+        builder,
+        cfg,
+        lambda: builder_lib.initial_train_state(builder, spec, cfg.seed),
     )
     program = make_program(builder, cfg, spec, resume)
     if cfg.launcher == "ray" and cfg.ray_address:
@@ -419,7 +425,7 @@ def run_experiment(
         evaluations = running.client("monitor").evaluations()
     wall_time = time.monotonic() - start
     logger.close()
-    if cfg.checkpoint_interval_steps and cfg.learner_mode == "sync":
+    if cfg.saves_checkpoints:
         where = checkpoint.checkpoint_root(cfg.logdir)
         print(f"checkpoint: learner step {params_version:,} in {where}", flush=True)
     final_returns = None

@@ -174,8 +174,7 @@ class LearnerNode(program.Worker):
 
     def _initial_state(self, spec: types.EnvSpec, seed: int, restore_step: int | None):
         """(state, learner steps): the agent's fresh state, or the one saved at `restore_step`."""
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
-        state = self._builder.init_train_state(key, spec)
+        state = builder_lib.initial_train_state(self._builder, spec, seed)
         if restore_step is None:
             return state, 0
         if self._checkpoints is None:

@@ -142,8 +142,7 @@ def initial_layout(
     builder: builder_lib.AgentBuilder, spec: types.EnvSpec, seed: int, num_shards: int
 ):
     """The shard layout and the initial flat parameters, the same in every process."""
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), 0)
-    params = builder.trainable_params(builder.init_train_state(key, spec))
+    params = builder.trainable_params(builder_lib.initial_train_state(builder, spec, seed))
     layout = ShardLayout(params, num_shards)
     return layout, layout.flatten(params)
 

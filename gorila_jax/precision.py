@@ -10,6 +10,7 @@ from typing import Any, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from gorila_jax import parallel
 
@@ -139,15 +140,11 @@ def layer_norms(grads: Any) -> dict[str, jax.Array]:
     norms: dict[str, jax.Array] = {}
 
     def record(path, leaves):
-        norms["/".join(p for p in path if p != "params")] = _norm(leaves)
+        norms["/".join(p for p in path if p != "params")] = optax.global_norm(leaves)
         return leaves
 
     _map_layers(record, grads)
     return norms
-
-
-def _norm(tree: Any) -> jax.Array:
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
 
 
 def clip_by_layer_norm(grads: Any, max_norm: float) -> Any:
@@ -160,7 +157,7 @@ def clip_by_layer_norm(grads: Any, max_norm: float) -> Any:
         raise ValueError(f"the per-layer gradient norm limit must be positive, got {max_norm}")
 
     def clip(path, leaves):
-        factor = jnp.minimum(1.0, max_norm / jnp.maximum(_norm(leaves), 1e-12))
+        factor = jnp.minimum(1.0, max_norm / jnp.maximum(optax.global_norm(leaves), 1e-12))
         return {k: (g * factor).astype(g.dtype) for k, g in leaves.items()}
 
     return _map_layers(clip, grads)

@@ -219,8 +219,9 @@ class ReplayNode:
 
     def keep_checkpoints(self, steps: Sequence[int]) -> None:
         """Deletes the checkpoints of every step not in `steps`."""
+        kept = set(steps)
         for name in os.listdir(self._checkpoint_dir):
-            if name.isdigit() and int(name) not in set(steps):
+            if name.isdigit() and int(name) not in kept:
                 shutil.rmtree(os.path.join(self._checkpoint_dir, name), ignore_errors=True)
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from agents import dqn
+from gorila_jax import builder as builder_lib
 from gorila_jax import (
     compression,
     envs,
@@ -66,8 +67,7 @@ def _sync_params(batches) -> tuple:
         devices,
         out_axes=(0, 0, None),
     )
-    key = jax.random.fold_in(jax.random.PRNGKey(SEED), 0)  # the learner node's key
-    state = parallel.replicate(builder.init_train_state(key, SPEC), devices)
+    state = parallel.replicate(builder_lib.initial_train_state(builder, SPEC, SEED), devices)
     for batch in batches:
         state, _, _ = step(state, parallel.shard_to_devices(batch, devices))
     state = parallel.unreplicate(state)
@@ -133,11 +133,7 @@ def test_two_shards_reassemble_into_the_parameters_actors_act_with():
         )
         version, moved = source.futures.get_params(0).result()
     assert version == 2  # each of the two shards applied its slice once
-    expected_initial = (
-        dqn.DQNBuilder(CONFIG)
-        .init_train_state(jax.random.fold_in(jax.random.PRNGKey(SEED), 0), SPEC)
-        .params
-    )
+    expected_initial = builder_lib.initial_train_state(dqn.DQNBuilder(CONFIG), SPEC, SEED).params
     chex.assert_trees_all_close(params, expected_initial)
     assert not np.allclose(
         jax.tree_util.tree_leaves(moved)[0], jax.tree_util.tree_leaves(params)[0]
