@@ -46,10 +46,15 @@ class UpdateFns(NamedTuple):
       `precision.CheckedGrads` with the step's skip flag. StepInfo.metrics
       holds at least "loss" (Gorila workers filter outliers on it).
     apply_grads(state, grads) -> state; elementwise over the parameters.
+    update(state, SampledBatch) -> (state, StepInfo): optional. An agent whose
+      step is more than one gradient (PPO's epochs of minibatches) gives its
+      whole step here; the synchronous learner then runs it instead of the
+      pair above, and Gorila mode, which needs the pair, refuses the agent.
     """
 
-    compute_grads: Callable[[Any, SampledBatch], tuple[Any, StepInfo]]
-    apply_grads: Callable[[Any, Any], Any]
+    compute_grads: Callable[[Any, SampledBatch], tuple[Any, StepInfo]] | None
+    apply_grads: Callable[[Any, Any], Any] | None
+    update: Callable[[Any, SampledBatch], tuple[Any, StepInfo]] | None = None
 
 
 def initial_train_state(builder: "AgentBuilder", spec: types.EnvSpec, seed: int) -> Any:

@@ -22,8 +22,11 @@ def make_learner_step(update_fns: builder_lib.UpdateFns, actor_params: Callable[
     """
 
     def learner_step(state, batch: builder_lib.SampledBatch):
-        grads, info = update_fns.compute_grads(state, batch)
-        state = update_fns.apply_grads(state, grads)
+        if update_fns.update is not None:
+            state, info = update_fns.update(state, batch)
+        else:
+            grads, info = update_fns.compute_grads(state, batch)
+            state = update_fns.apply_grads(state, grads)
         return state, info, actor_params(state)
 
     return learner_step

@@ -127,6 +127,36 @@ def prioritized_table(
     )
 
 
+def uniform_table(
+    name: str,
+    max_size: int,
+    limiter: reverb.rate_limiters.RateLimiter,
+    signature: Any,
+) -> reverb.Table:
+    """Uniform sampling with FIFO removal (SAC and other off-policy agents without PER)."""
+    if max_size < 1:
+        raise ValueError(f"replay max_size must be positive, got {max_size}")
+    return reverb.Table(
+        name=name,
+        sampler=reverb.selectors.Uniform(),
+        remover=reverb.selectors.Fifo(),
+        max_size=max_size,
+        rate_limiter=limiter,
+        signature=signature,
+    )
+
+
+def queue_table(name: str, max_size: int, signature: Any) -> reverb.Table:
+    """Each item is sampled exactly once, oldest first (on-policy agents such as PPO).
+
+    A full queue blocks writers: with `max_size` = k learner batches, actors
+    run at most k batches (about k parameter versions) ahead of the learner.
+    """
+    if max_size < 1:
+        raise ValueError(f"queue max_size must be positive, got {max_size}")
+    return reverb.Table.queue(name=name, max_size=max_size, signature=signature)
+
+
 CHECKPOINT_MANIFEST = "MANIFEST.json"
 
 
