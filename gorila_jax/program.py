@@ -21,14 +21,49 @@ from typing import Any, Callable, Iterator
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
-    """What one node of a group asks of the cluster (Ray logical resources)."""
+    """What one node of a group asks of the cluster (Ray logical resources).
+
+    Attributes:
+      num_cpus: logical CPUs.
+      num_gpus: GPUs; above 1 a whole number.
+      memory: bytes of Ray's "memory" resource the node reserves (0: none).
+      custom: other Ray resources by name, e.g. {"TPU": 4} or a label such as
+        {"replay_host": 1} that only some cluster nodes declare.
+    """
 
     num_cpus: float = 1.0
     num_gpus: float = 0.0
+    memory: float = 0.0
+    # Not hashed (a dict cannot be); compared like the other fields.
+    custom: dict[str, float] = dataclasses.field(default_factory=dict, hash=False)
 
     def __post_init__(self):
-        if self.num_cpus < 0 or self.num_gpus < 0:
-            raise ValueError(f"resources must be non-negative, got {self}")
+        amounts = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "memory": self.memory}
+        amounts.update({f"custom[{name!r}]": value for name, value in self.custom.items()})
+        for setting, value in amounts.items():
+            if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(
+                    f"resources {setting} must be a non-negative number, got {value!r}"
+                )
+        if self.num_gpus > 1 and self.num_gpus != int(self.num_gpus):
+            raise ValueError(f"resources num_gpus above 1 must be whole, got {self.num_gpus}")
+        for name in self.custom:
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"resources custom names must be non-empty strings, got {name!r}")
+            if name in _BUILT_IN_RESOURCES:
+                raise ValueError(
+                    f"resources custom[{name!r}]: use {_BUILT_IN_RESOURCES[name]} instead"
+                )
+        object.__setattr__(self, "custom", dict(self.custom))  # a copy the caller cannot change
+
+
+# Ray's own resource names, and the Resources field that asks for each.
+_BUILT_IN_RESOURCES = {
+    "CPU": "num_cpus",
+    "GPU": "num_gpus",
+    "memory": "memory",
+    "object_store_memory": "the launcher's object_store_memory",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +83,14 @@ class NodeSpec:
     args: tuple
     kwargs: dict
     run_enabled: bool = True
+    # How to rebuild the node after a fault: (its last reported counters) ->
+    # constructor keyword arguments that replace the original ones (a
+    # restored counter, the newest checkpoint). None: the node is not restarted.
+    restart_kwargs: Callable[[dict[str, float]], dict[str, Any]] | None = None
+
+    def restartable(self, restart_kwargs: Callable[[dict[str, float]], dict[str, Any]]) -> None:
+        """Lets a supervisor rebuild this node after a fault, with `restart_kwargs(counters)`."""
+        self.restart_kwargs = restart_kwargs
 
     def disable_run(self) -> None:
         """Builds the node but never calls its `run`; tests drive it by hand."""
