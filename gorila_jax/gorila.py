@@ -32,8 +32,12 @@ from gorila_jax import (
 )
 
 
-class ParameterShardNode:
-    """A program node holding shard `index` of `num_shards` (see `ParameterShard`)."""
+class ParameterShardNode(program.Worker):
+    """A program node holding shard `index` of `num_shards` (see `ParameterShard`).
+
+    Its `run` loop only reports: applied and dropped counts and its update
+    rate go to the monitor every `report_interval_s`.
+    """
 
     def __init__(
         self,
@@ -44,11 +48,16 @@ class ParameterShardNode:
         num_shards: int,
         max_staleness: int,
         staleness_scaling: bool = False,
+        monitor: program.Client | None = None,
+        report_interval_s: float = 1.0,
     ):
+        super().__init__()
         layout, flat = parameter_server.initial_layout(builder, spec, seed, num_shards)
         self._shard = parameter_server.ParameterShard(
             flat[layout.slices[index]], builder.shard_optimizer(), max_staleness, staleness_scaling
         )
+        self._index, self._monitor = index, monitor
+        self._report_interval_s = report_interval_s
         self._encoders: dict[str, compression.DeltaEncoder] = {}
         self._encoders_lock = threading.Lock()
 
@@ -75,8 +84,90 @@ class ParameterShardNode:
     def push(self, gradient: compression.Encoded, version_used: int) -> parameter_server.PushResult:
         return self._shard.push(gradient, version_used)
 
+    def push_and_get(
+        self, gradient: compression.Encoded, version_used: int, newer_than: int | None
+    ) -> tuple[parameter_server.PushResult, tuple[int, np.ndarray] | None]:
+        """`push`, then `get(newer_than)` in the same call (None: no get).
+
+        A worker that refreshes after every push pays one round trip, not two.
+        """
+        result = self._shard.push(gradient, version_used)
+        return result, None if newer_than is None else self._shard.get(newer_than)
+
     def counters(self) -> dict[str, int]:
         return dict(self._shard.counters)
+
+    def run(self) -> None:
+        last_applied, last_time = 0, time.monotonic()
+        while not self.sleep(self._report_interval_s):
+            if self._monitor is None:
+                continue
+            counters, now = self.counters(), time.monotonic()
+            rate = (counters["applied"] - last_applied) / max(now - last_time, 1e-9)
+            last_applied, last_time = counters["applied"], now
+            prefix = f"shard{self._index}/"
+            metrics = {
+                f"{prefix}updates_per_s": rate,
+                f"{prefix}applied": counters["applied"],
+                f"{prefix}dropped_stale": counters["dropped_stale"],
+            }
+            # Counters under names the monitor does not total: shards apply
+            # updates, they are not extra learner steps.
+            self._monitor.futures.report(
+                f"parameter_server/{self._index}", {"shard_applied": counters["applied"]}, metrics
+            )
+
+
+def summarize(metrics: dict[str, float]) -> dict[str, float]:
+    """Run-wide Gorila figures from what workers and shards report (see their `_report`).
+
+    Sums the per-worker counters over workers: gradients applied and dropped
+    (stale, outlier, non-finite), mean staleness and bytes per pushed update.
+    """
+    totals: dict[str, float] = {}
+    for key, value in metrics.items():
+        worker, _, name = key.partition("/")
+        if worker.startswith("worker") and name:
+            totals[name] = totals.get(name, 0) + value
+    if not totals:
+        return {}
+    pushed = max(totals.get("pushed", 0), 1)
+    return {
+        "gradients_applied": totals.get("applied", 0),
+        "dropped_stale": totals.get("dropped_stale", 0),
+        "dropped_outlier": totals.get("dropped_outlier", 0),
+        "dropped_nonfinite": totals.get("dropped_nonfinite", 0),
+        "mean_staleness": totals.get("staleness_sum", 0) / pushed,
+        "bytes_per_update": totals.get("bytes_sent", 0) / pushed,
+    }
+
+
+def progress_suffix(row: dict[str, float]) -> str:
+    """The progress line's Gorila part: applied/dropped, staleness, bytes, shard rates."""
+    if "gradients_applied" not in row:
+        return ""
+    shard_rates = sorted(
+        (key, value) for key, value in row.items() if key.endswith("/updates_per_s")
+    )
+    rates = ", ".join(f"{value:.1f}" for _, value in shard_rates)
+    return (
+        f" | applied {row['gradients_applied']:,.0f} dropped "
+        f"{row['dropped_stale']:,.0f}/{row['dropped_outlier']:,.0f}/"
+        f"{row['dropped_nonfinite']:,.0f} (stale/outlier/nonfinite) | staleness "
+        f"{row['mean_staleness']:.2f} | {row['bytes_per_update'] / 1024:,.1f} KiB/update"
+        f" | shard updates/s {rates}"
+    )
+
+
+def check_agent(builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
+    """Raises ValueError if the agent's update is not one gradient that shards can apply."""
+    update_fns = builder.update_fns(spec)
+    if update_fns.compute_grads is None or update_fns.apply_grads is None:
+        raise ValueError(
+            f"learner_mode=gorila needs an agent whose update is one gradient "
+            f"(UpdateFns.compute_grads and apply_grads); {type(builder).__name__} gives "
+            "only a whole update step: use learner_mode=sync"
+        )
 
 
 def add_nodes(
@@ -92,6 +183,7 @@ def add_nodes(
     Returns:
       The shard handles: what actors and the evaluator read parameters from.
     """
+    check_agent(builder, spec)
     with graph.group("parameter_server", program.Resources(cfg.ps_cpus)):
         shards = [
             graph.add_node(
@@ -103,6 +195,7 @@ def add_nodes(
                 cfg.num_ps_shards,
                 cfg.max_staleness,
                 cfg.staleness_lr_scaling,
+                monitor_node,
             )
             for index in range(cfg.num_ps_shards)
         ]
@@ -207,6 +300,7 @@ class GradientWorkerNode(program.Worker):
         self._compressors = [compression.GradientCompressor(compression_scheme) for _ in shards]
         self._outliers = LossOutlierFilter(outlier_stds)
         self._state = builder.init_train_state(key, spec)
+        self._replicated = parallel.replicate(self._state, self._devices)
         self._refresh()
         update_fns = builder.update_fns(spec)
         self._grads_fn = parallel.pmap_step(
@@ -229,11 +323,19 @@ class GradientWorkerNode(program.Worker):
         }
 
     def _refresh(self) -> None:
-        versions, params = self._params.pull()
-        self._versions = versions
-        step = round(sum(versions) / len(versions))  # global updates, as the agent counts steps
-        self._state = self._builder.with_params(self._state, params, step)
-        self._replicated = parallel.replicate(self._state, self._devices)
+        self._params.pull()
+        self._install_params()
+
+    def _install_params(self) -> None:
+        """Acts on the parameters `self._params` holds now (after a pull or push_and_get)."""
+        self._versions = list(self._params.shard_versions)
+        params = self._params.assemble()
+        step = round(sum(self._versions) / len(self._versions))  # global updates, as agents count
+        state = self._builder.with_params(self._state, params, step)
+        self._replicated = parallel.replicate_changed(
+            state, self._state, self._replicated, self._devices
+        )
+        self._state = state
 
     def _start_sampling(self) -> None:
         make_batches = functools.partial(
@@ -260,28 +362,44 @@ class GradientWorkerNode(program.Worker):
         if isinstance(grads, precision.CheckedGrads):  # the agent flags overflowed gradients
             grads, finite = grads.grads, bool(np.asarray(grads.finite)[0])
         applied = False
+        refresh_due = (self._steps + 1) % self._async_update == 0
         if not finite:
             self.counters["dropped_nonfinite"] += 1
             self._replicated = self._skip_fn(self._replicated, checked)
             self._state = parallel.unreplicate(self._replicated)
         elif self._outliers.accept(loss):
-            flat = self._layout.flatten(parallel.unreplicate(grads))
-            pushes = []
-            for index, shard in enumerate(self._shards):
-                encoded = self._compressors[index].encode(flat[self._layout.slices[index]])
-                self.counters["bytes_sent"] += encoded.nbytes
-                pushes.append(shard.futures.push(encoded, self._versions[index]))
-            results = [push.result() for push in pushes]
-            self.counters["pushed"] += 1
-            applied = all(result.applied for result in results)
-            self.counters["applied"] += applied
-            self.counters["dropped_stale"] += not applied
-            self.counters["staleness_sum"] += max(result.staleness for result in results)
+            applied = self._push(grads, refresh_due)
+            refresh_due = False  # the pushes brought the new slices back
         else:
             self.counters["dropped_outlier"] += 1
         self._steps += 1
-        if self._steps % self._async_update == 0:
+        if refresh_due:
             self._refresh()
+        return applied
+
+    def _push(self, grads: Any, refresh: bool) -> bool:
+        """Sends one slice to each shard; with `refresh`, takes the new slices from the reply."""
+        # One device->host copy of all leaves; the device axis goes in numpy.
+        flat = self._layout.flatten(jax.tree.map(lambda x: x[0], jax.device_get(grads)))
+        pushes = []
+        for index, shard in enumerate(self._shards):
+            encoded = self._compressors[index].encode(flat[self._layout.slices[index]])
+            self.counters["bytes_sent"] += encoded.nbytes
+            newer_than = self._versions[index] if refresh else None
+            pushes.append(shard.futures.push_and_get(encoded, self._versions[index], newer_than))
+        results = []
+        for index, push in enumerate(pushes):
+            result, answer = push.result()
+            results.append(result)
+            if answer is not None:
+                self._params.install(index, *answer)
+        if refresh:
+            self._install_params()
+        applied = all(result.applied for result in results)
+        self.counters["pushed"] += 1
+        self.counters["applied"] += applied
+        self.counters["dropped_stale"] += not applied
+        self.counters["staleness_sum"] += max(result.staleness for result in results)
         return applied
 
     def step(self, timeout: float = 1.0) -> bool:
@@ -305,11 +423,8 @@ class GradientWorkerNode(program.Worker):
     def _report(self) -> None:
         if self._monitor is None:
             return
-        pushed = max(self.counters["pushed"], 1)
-        metrics = {
-            "mean_staleness": self.counters["staleness_sum"] / pushed,
-            "bytes_per_update": self.counters["bytes_sent"] / pushed,
-        }
+        prefix = f"worker{self._index}/"
+        metrics = {prefix + name: value for name, value in self.counters.items()}
         counters = {**self.counters, "learner_steps": self.counters["applied"]}
         self._monitor.futures.report(f"gradient_worker/{self._index}", counters, metrics=metrics)
 

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.flatten_util import ravel_pytree
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import compression, program, types
@@ -25,19 +24,26 @@ from gorila_jax import compression, program, types
 class ShardLayout:
     """Splits a pytree into `num_shards` flat float32 slices and joins them back.
 
+    Flattening and joining stay in numpy on the host: a gradient worker does
+    both on every update, and per-leaf device ops would cost more than the
+    gradient of a small network.
+
     Args:
       example: a pytree with the parameters' structure, shapes and dtypes.
       num_shards: how many slices.
     """
 
     def __init__(self, example: Any, num_shards: int):
-        flat, self._unravel = ravel_pytree(example)
-        if num_shards < 1 or num_shards > flat.size:
-            raise ValueError(f"num_ps_shards must lie in [1, {flat.size}], got {num_shards}")
-        self.size = int(flat.size)
+        leaves, self._treedef = jax.tree.flatten(example)
+        self._shapes = [np.shape(leaf) for leaf in leaves]
+        self._dtypes = [np.asarray(leaf).dtype for leaf in leaves]
+        self._offsets = np.cumsum([0] + [int(np.prod(shape)) for shape in self._shapes])
+        self.size = int(self._offsets[-1])
+        if num_shards < 1 or num_shards > self.size:
+            raise ValueError(f"num_ps_shards must lie in [1, {self.size}], got {num_shards}")
         # np.array_split's rule: the first size % n slices are one longer.
         bounds = np.cumsum(
-            [0] + [len(part) for part in np.array_split(np.empty(flat.size), num_shards)]
+            [0] + [len(part) for part in np.array_split(np.empty(self.size), num_shards)]
         )
         self.slices = [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -46,22 +52,32 @@ class ShardLayout:
         return len(self.slices)
 
     def flatten(self, tree: Any) -> np.ndarray:
-        flat, _ = ravel_pytree(tree)
+        """One float32 vector of `tree`'s leaves, in `jax.tree.leaves` order."""
+        leaves = jax.tree.leaves(tree)
+        flat = np.concatenate([np.asarray(leaf, np.float32).ravel() for leaf in leaves])
         if flat.size != self.size:
             raise ValueError(f"expected {self.size} parameters, got {flat.size}")
-        return np.asarray(flat, np.float32)
+        return flat
 
     def split(self, tree: Any) -> list[np.ndarray]:
         flat = self.flatten(tree)
         return [flat[part] for part in self.slices]
 
     def join(self, parts: list[np.ndarray]) -> Any:
+        """The pytree (numpy leaves, original dtypes) from all slices in shard order."""
         if [len(p) for p in parts] != [s.stop - s.start for s in self.slices]:
             raise ValueError(
                 f"slice lengths {[len(p) for p in parts]} do not match the layout "
                 f"{[s.stop - s.start for s in self.slices]}"
             )
-        return self._unravel(jnp.asarray(np.concatenate(parts)))
+        flat = np.concatenate(parts)
+        leaves = [
+            flat[start:stop].reshape(shape).astype(dtype, copy=False)
+            for start, stop, shape, dtype in zip(
+                self._offsets[:-1], self._offsets[1:], self._shapes, self._dtypes
+            )
+        ]
+        return jax.tree.unflatten(self._treedef, leaves)
 
 
 class PushResult(NamedTuple):
@@ -184,14 +200,20 @@ class ShardedParameters:
         requests = [self._request(index) for index in range(len(self._shards))]
         for index, request in enumerate(requests):
             answer = request.result()
-            if answer is None:
-                continue
-            version, part = answer
-            self.bytes_received += part.nbytes
-            if self._receiver is not None:
-                part = self._decoders[index].apply(part)
-            self.shard_versions[index], self._parts[index] = version, part
-        return list(self.shard_versions), self._layout.join(self._parts)
+            if answer is not None:
+                self.install(index, *answer)
+        return list(self.shard_versions), self.assemble()
+
+    def install(self, index: int, version: int, part: Any) -> None:
+        """Takes shard `index`'s slice at `version`, as a `get` (or `get_delta`) returned it."""
+        self.bytes_received += part.nbytes
+        if self._receiver is not None:
+            part = self._decoders[index].apply(part)
+        self.shard_versions[index], self._parts[index] = version, part
+
+    def assemble(self) -> Any:
+        """The full parameter pytree from the slices held now."""
+        return self._layout.join(self._parts)
 
     def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
         versions, params = self.pull()

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from agents import dqn
-from gorila_jax import experiment
+from gorila_jax import envs, experiment, parameter_server
 from launch import presets
 
 
@@ -59,3 +59,44 @@ def test_dqn_learns_under_the_ray_launcher_with_two_actors(tmp_path, ray_options
     summary = experiment.run_experiment(builder, exp, **ray_options)
     assert summary["final_eval_return"] > 150, summary["evaluations"]
     assert summary["learner_steps"] > 0
+
+
+def _gorila_cartpole(tmp_path, **overrides):
+    # max_staleness 0: a shard applies only gradients computed on its current
+    # version (about half of them with 2 workers); with the default of 8 the
+    # CartPole preset learned more slowly (README, "Gorila mode"). Every node
+    # that asks for a CPU takes a quarter: replay, 2 workers, 2 shards and 2
+    # actors fit the 2 logical CPUs.
+    return _cartpole(
+        tmp_path,
+        launcher="ray",
+        learner_mode="gorila",
+        num_learners=2,
+        num_ps_shards=2,
+        max_staleness=0,
+        learner_cpus=0.25,
+        replay_cpus=0.25,
+        cpus_per_actor=0.25,
+        ps_cpus=0.25,
+        **overrides,
+    )
+
+
+def _best_evaluation(summary) -> float:
+    return max(evaluation["eval_return"] for evaluation in summary["evaluations"])
+
+
+@pytest.mark.slow
+def test_gorila_dqn_learns_cartpole_with_one_bit_gradients_two_workers_two_shards(
+    tmp_path, ray_options
+):
+    builder, exp = _gorila_cartpole(tmp_path, compression="onebit", stop_at_eval_return=300.0)
+    summary = experiment.run_experiment(builder, exp, **ray_options)
+    # An evaluation (10 greedy episodes) reaches 300 within the preset's 120k env steps.
+    assert _best_evaluation(summary) >= 300, summary["evaluations"]
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    # The updates went through both shards.
+    assert float(rows[-1]["shard0/applied"]) > 0 and float(rows[-1]["shard1/applied"]) > 0
+    num_params = parameter_server.initial_layout(builder, envs.env_spec(exp.env_id), 0, 2)[0].size
+    # A sign bit per value plus a float32 scale per 256: ~28x fewer bytes than float32.
+    assert float(rows[-1]["bytes_per_update"]) < 4 * num_params / 20

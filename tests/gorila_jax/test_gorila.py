@@ -1,11 +1,13 @@
 """Gorila mode: workers and shards on a real Reverb replay, under the local launcher."""
 
+import csv
 import dataclasses
 import functools
 
 import chex
 import jax
 import numpy as np
+import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
@@ -225,5 +227,62 @@ def test_a_gorila_run_applies_updates_through_the_shards_and_reports_them(tmp_pa
     assert summary["params_version"] >= summary["learner_steps"]
     assert not (tmp_path / "checkpoints" / "learner").exists()  # Gorila mode does not save yet
     with open(tmp_path / "metrics.csv") as f:
-        header = f.readline()
-    assert "bytes_per_update" in header and "mean_staleness" in header
+        rows = list(csv.DictReader(f))
+    for column in (
+        "gradients_applied",
+        "dropped_stale",
+        "dropped_outlier",
+        "dropped_nonfinite",
+        "mean_staleness",
+        "bytes_per_update",
+        "shard0/updates_per_s",
+        "shard1/updates_per_s",
+    ):
+        assert column in rows[-1], column
+    # The workers' applied gradients are the run's learner steps.
+    assert float(rows[-1]["gradients_applied"]) == float(rows[-1]["learner_steps"]) > 0
+    assert float(rows[-1]["bytes_per_update"]) > 0
+
+
+def test_gorila_figures_sum_over_workers():
+    reported = {
+        "worker0/pushed": 10, "worker0/applied": 8, "worker0/dropped_stale": 2,
+        "worker0/staleness_sum": 15, "worker0/bytes_sent": 1000, "worker0/dropped_outlier": 1,
+        "worker1/pushed": 30, "worker1/applied": 30, "worker1/dropped_stale": 0,
+        "worker1/staleness_sum": 25, "worker1/bytes_sent": 3000, "worker1/dropped_nonfinite": 4,
+        "shard0/updates_per_s": 12.5, "loss": 0.3,
+    }  # fmt: skip
+    totals = gorila.summarize(reported)
+    assert totals["gradients_applied"] == 38
+    assert totals["dropped_stale"] == 2
+    assert totals["dropped_outlier"] == 1 and totals["dropped_nonfinite"] == 4
+    assert totals["mean_staleness"] == 40 / 40
+    assert totals["bytes_per_update"] == 4000 / 40
+    line = gorila.progress_suffix({**reported, **totals})
+    assert "applied 38" in line and "12.5" in line
+    assert gorila.summarize({"loss": 0.3}) == {}  # sync mode: no Gorila columns
+
+
+class _WholeStepOnly(dqn.DQNBuilder):
+    """An agent whose step is not one gradient (as PPO's epochs are)."""
+
+    def update_fns(self, spec):
+        fns = super().update_fns(spec)
+        return builder_lib.UpdateFns(None, None, update=fns.compute_grads)
+
+
+def test_gorila_mode_refuses_an_agent_without_a_single_gradient():
+    with pytest.raises(ValueError, match="learner_mode=gorila needs an agent"):
+        gorila.check_agent(_WholeStepOnly(CONFIG), SPEC)
+    gorila.check_agent(dqn.DQNBuilder(CONFIG), SPEC)  # DQN's update is one gradient
+
+
+def test_a_worker_copies_to_its_devices_only_the_leaves_it_replaced():
+    devices = jax.devices()[:2]
+    old = {"params": np.zeros(3, np.float32), "opt_state": np.ones(4, np.float32)}
+    old_copies = parallel.replicate(old, devices)
+    new = {**old, "params": np.full(3, 2.0, np.float32)}
+    new_copies = parallel.replicate_changed(new, old, old_copies, devices)
+    assert new_copies["opt_state"] is old_copies["opt_state"]  # not copied again
+    np.testing.assert_array_equal(new_copies["params"], np.full((2, 3), 2.0))
+    assert {d for d in new_copies["params"].devices()} == set(devices)
