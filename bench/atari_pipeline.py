@@ -13,20 +13,18 @@ updates/s is printed beside the frame rates. Last line: JSON.
   python bench/atari_pipeline.py --env=Pong-v5 --num_actors=1,2
 """
 
-import csv
 import dataclasses
 import json
 import os
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
-from bench.timing import raw_envpool  # noqa: E402
-from gorila_jax import envs, experiment  # noqa: E402
+from bench.timing import pipeline_rates, raw_envpool  # noqa: E402
+from gorila_jax import envs  # noqa: E402
 from launch import presets  # noqa: E402
 
 FRAME_SKIP = 4
@@ -48,35 +46,18 @@ def pipeline_rate(num_actors: int) -> dict:
         min_replay_size=1_000,
         max_replay_size=50_000,
     )
-    logdir = tempfile.mkdtemp(prefix="atari-pipeline-")
-    exp = experiment.ExperimentConfig(
-        env_id=_ENV.value,
-        launcher=_LAUNCHER.value,
-        num_actors=num_actors,
-        num_envs_per_actor=_NUM_ENVS.value,
-        total_env_steps=10**9,
-        max_wall_time_s=_SECONDS.value,
-        eval_interval_s=0,
-        eval_episodes=1,
-        num_learner_devices=1,
-        cpus_per_actor=0.5,
-        learner_cpus=0.5,
-        replay_cpus=0.5,
-        log_interval_s=2.0,
-        logdir=logdir,
+    rates = pipeline_rates(
+        dqn.DQNBuilder(config),
+        _ENV.value,
+        _LAUNCHER.value,
+        num_actors,
+        _NUM_ENVS.value,
+        _SECONDS.value,
     )
-    experiment.run_experiment(dqn.DQNBuilder(config), exp)
-    with open(os.path.join(logdir, "metrics.csv")) as f:
-        rows = [row for row in csv.DictReader(f)]
-    half = [row for row in rows if float(row["wall_time_s"]) >= _SECONDS.value / 2]
-    first, last = half[0], half[-1]
-    seconds = float(last["wall_time_s"]) - float(first["wall_time_s"])
-    env_steps = float(last["env_steps"]) - float(first["env_steps"])
-    updates = float(last["learner_steps"]) - float(first["learner_steps"])
-    updates_per_s = updates / seconds
+    updates_per_s = rates["updates_per_s"]
     return {
         "num_actors": num_actors,
-        "frames_per_s": env_steps * FRAME_SKIP / seconds,
+        "frames_per_s": rates["env_steps_per_s"] * FRAME_SKIP,
         "updates_per_s": updates_per_s,
         # What the rate limiter lets actors insert at this update rate.
         "learner_bound_frames_per_s": updates_per_s * _BATCH.value / _SPI.value * FRAME_SKIP,

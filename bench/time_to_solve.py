@@ -1,12 +1,14 @@
-"""Wall-clock seconds and env steps until DQN's greedy evaluation reaches 475 on CartPole-v1.
+"""Wall-clock seconds and env steps until an agent's greedy evaluation reaches a target.
 
-Runs the default training command (`python -m launch.train`, the CartPole
-preset) under each launcher with `--stop_at_eval_return`, and reads the first
-evaluation at or above the target from its summary.json. Seconds count from
-the command's start, so interpreter, TensorFlow/JAX imports, Ray start-up and
-compilation are included. Last line: JSON.
+Runs the training command (`python -m launch.train --agent=... --env=...`,
+with the env's `auto` preset) under each launcher with `--stop_at_eval_return`,
+and reads the first evaluation at or above the target from its summary.json.
+Seconds count from the command's start, so interpreter, TensorFlow/JAX
+imports, Ray start-up and compilation are included. Last line: JSON.
+The defaults time DQN on CartPole-v1 (target 475):
 
   python bench/time_to_solve.py --launchers=local,ray --seeds=0
+  python bench/time_to_solve.py --agent=sac --env=Pendulum-v1 --target=-250 --launchers=local
 """
 
 import json
@@ -19,18 +21,24 @@ import time
 from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_AGENT = flags.DEFINE_string("agent", "dqn", "launch.train's --agent.")
+_ENV = flags.DEFINE_string("env", "CartPole-v1", "launch.train's --env.")
 _LAUNCHERS = flags.DEFINE_list("launchers", ["local", "ray"], "Launchers to time.")
 _SEEDS = flags.DEFINE_list("seeds", ["0"], "Seeds to run under each launcher.")
 _TARGET = flags.DEFINE_float("target", 475.0, "Greedy evaluation return that counts as solved.")
 _EVAL_INTERVAL = flags.DEFINE_float("eval_interval_s", 2.0, "Seconds between evaluations.")
 
 
-def solve_once(launcher: str, seed: int, target: float, eval_interval_s: float) -> dict:
-    logdir = tempfile.mkdtemp(prefix=f"solve-{launcher}-{seed}-")
+def solve_once(
+    agent: str, env: str, launcher: str, seed: int, target: float, eval_interval_s: float
+) -> dict:
+    logdir = tempfile.mkdtemp(prefix=f"solve-{agent}-{launcher}-{seed}-")
     command = [
         sys.executable,
         "-m",
         "launch.train",
+        f"--agent={agent}",
+        f"--env={env}",
         f"--launcher={launcher}",
         f"--seed={seed}",
         f"--stop_at_eval_return={target}",
@@ -59,7 +67,14 @@ def main(argv):
     results = []
     for launcher in _LAUNCHERS.value:
         for seed in _SEEDS.value:
-            result = solve_once(launcher, int(seed), _TARGET.value, _EVAL_INTERVAL.value)
+            result = solve_once(
+                _AGENT.value,
+                _ENV.value,
+                launcher,
+                int(seed),
+                _TARGET.value,
+                _EVAL_INTERVAL.value,
+            )
             results.append(result)
             print(
                 f"{launcher:>5} seed {seed}: solved={result['solved']} after "
@@ -68,7 +83,17 @@ def main(argv):
                 f"{result['final_eval_return']:.1f}",
                 flush=True,
             )
-    print(json.dumps({"bench": "time_to_solve", "target": _TARGET.value, "runs": results}))
+    print(
+        json.dumps(
+            {
+                "bench": "time_to_solve",
+                "agent": _AGENT.value,
+                "env": _ENV.value,
+                "target": _TARGET.value,
+                "runs": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,10 +1,15 @@
-"""What several benchmarks measure the same way: a timed loop, raw envpool stepping."""
+"""What several benchmarks measure the same way: a timed loop, raw envpool stepping,
+and the steady-state rates of a whole training program."""
 
+import csv
+import os
+import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
-from gorila_jax import envs, types
+from gorila_jax import envs, experiment, types
 
 
 def timed(fn, seconds: float, units_per_call: int) -> float:
@@ -25,3 +30,42 @@ def raw_envpool(spec: types.EnvSpec, num_envs: int, threads: int, seconds: float
     rate = timed(step, seconds, num_envs)
     env.close()
     return rate
+
+
+def pipeline_rates(
+    builder: Any, env_id: str, launcher: str, num_actors: int, num_envs: int, seconds: float
+) -> dict[str, Any]:
+    """Runs the whole program for `seconds`; env steps/s and updates/s over its second half.
+
+    The first half (start-up, compilation, filling replay) is left out. Also
+    returns the last metrics row, for agent-specific figures.
+    """
+    logdir = tempfile.mkdtemp(prefix="pipeline-")
+    exp = experiment.ExperimentConfig(
+        env_id=env_id,
+        launcher=launcher,
+        num_actors=num_actors,
+        num_envs_per_actor=num_envs,
+        total_env_steps=10**9,
+        max_wall_time_s=seconds,
+        eval_interval_s=0,
+        eval_episodes=1,
+        num_learner_devices=1,
+        cpus_per_actor=0.5,
+        learner_cpus=0.5,
+        replay_cpus=0.5,
+        log_interval_s=2.0,
+        checkpoint_interval_steps=0,
+        logdir=logdir,
+    )
+    experiment.run_experiment(builder, exp)
+    with open(os.path.join(logdir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    half = [row for row in rows if float(row["wall_time_s"]) >= seconds / 2]
+    first, last = half[0], half[-1]
+    elapsed = float(last["wall_time_s"]) - float(first["wall_time_s"])
+    return {
+        "env_steps_per_s": (float(last["env_steps"]) - float(first["env_steps"])) / elapsed,
+        "updates_per_s": (float(last["learner_steps"]) - float(first["learner_steps"])) / elapsed,
+        "last_row": last,
+    }

@@ -12,8 +12,21 @@ import reverb
 
 from gorila_jax import replay, types
 
-# select_action(params, observation [E, ...], key, env_steps) -> action [E, ...]; jitted.
-Policy = Callable[[types.Params, jax.Array, jax.Array, jax.Array], jax.Array]
+# select_action(params, observation [E, ...], key, env_steps) -> action [E, ...], or
+# (action, extras) with extras a pytree of [E, ...] arrays (a behaviour log-probability,
+# a value) that the actor hands to the agent's adder with the step; jitted. Evaluation
+# policies (make_policy(..., evaluation=True)) return the action alone.
+Policy = Callable[
+    [types.Params, jax.Array, jax.Array, jax.Array], jax.Array | tuple[jax.Array, types.PyTree]
+]
+
+
+def split_policy_output(output: Any) -> tuple[Any, types.PyTree]:
+    """(action, extras) of a policy's output; extras is None when it returned only the action."""
+    if isinstance(output, tuple):
+        action, extras = output
+        return action, extras
+    return output, None
 
 
 class SampledBatch(NamedTuple):

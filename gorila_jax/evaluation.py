@@ -17,7 +17,8 @@ def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Arr
     done = np.zeros(num_envs, bool)
     step = 0
     while not done.all():
-        action = np.asarray(policy(params, obs, key, step))
+        action, _ = builder_lib.split_policy_output(policy(params, obs, key, step))
+        action = np.asarray(action)
         obs, reward, terminated, truncated, _ = env.step(action)
         returns += np.where(done, 0.0, reward)
         done |= terminated | truncated

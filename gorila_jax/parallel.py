@@ -36,6 +36,21 @@ def pmax(tree: Any) -> Any:
     return jax.lax.pmax(tree, axis_name=DATA_AXIS)
 
 
+def device_index() -> jax.Array:
+    """This device's position among the learner devices; call only inside a pmapped step.
+
+    With `step_device_count`, a step can draw randomness for the whole global
+    batch from its replicated key and keep its own rows, so that a sharded
+    update draws the same numbers per item as a one-device update.
+    """
+    return jax.lax.axis_index(DATA_AXIS)
+
+
+def step_device_count() -> int:
+    """How many learner devices the pmapped step runs on (a Python int at trace time)."""
+    return jax.lax.psum(1, axis_name=DATA_AXIS)
+
+
 def shard(batch: Any, num_devices: int) -> Any:
     """Reshapes every leaf from [B, ...] to [D, B/D, ...] on the host.
 
@@ -68,6 +83,29 @@ def unshard(tree: Any) -> Any:
 def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
     """Puts one copy of `tree` on each device, with a leading device axis."""
     return jax.device_put_replicated(tree, list(devices))
+
+
+def replicate_changed(
+    tree: Any, previous: Any, previous_replicated: Any, devices: Sequence[jax.Device]
+) -> Any:
+    """`replicate(tree)`, reusing the device copies of leaves that `tree` shares with `previous`.
+
+    A leaf counts as shared when it is the same object (`state._replace` keeps
+    the untouched ones): a Gorila worker that swaps in new parameters then
+    copies only those, not the optimizer state it never changes.
+    """
+    reuse = {
+        id(leaf): copy
+        for leaf, copy in zip(jax.tree.leaves(previous), jax.tree.leaves(previous_replicated))
+    }
+    leaves, treedef = jax.tree.flatten(tree)
+    copies = [
+        reuse[id(leaf)]
+        if id(leaf) in reuse
+        else jax.device_put_sharded([leaf] * len(devices), list(devices))
+        for leaf in leaves
+    ]
+    return jax.tree.unflatten(treedef, copies)
 
 
 def unreplicate(tree: Any) -> Any:

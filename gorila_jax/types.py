@@ -62,7 +62,11 @@ class Transition(NamedTuple):
 
 
 class EnvStep(NamedTuple):
-    """One vectorized env step as an actor sees it; every leaf is [E, ...]."""
+    """One vectorized env step as an actor sees it; array leaves are [E, ...].
+
+    The last three fields matter to agents whose learner corrects for the
+    policy that acted (PPO); adders of other agents ignore them.
+    """
 
     observation: np.ndarray  # the observation the action was chosen on
     action: np.ndarray
@@ -71,3 +75,28 @@ class EnvStep(NamedTuple):
     truncated: np.ndarray
     next_observation: np.ndarray
     valid: np.ndarray  # False where the step only reset the env (envpool auto-reset)
+    extras: PyTree = None  # what the policy returned beside the action ([E, ...] leaves)
+    param_version: int = -1  # learner version of the parameters that chose the action
+    actor_index: int = 0  # the actor that took the step
+
+
+class Trajectory(NamedTuple):
+    """T consecutive steps of one env, as stored in replay: [T, ...] per item, [B, T, ...] batched.
+
+    Steps are kept as the env gave them, envpool's auto-reset steps included
+    (`valid` False: the action was ignored, the reward is 0), so that every
+    env's chunk covers the same T actor steps. `observation` has T + 1 entries:
+    observation[t + 1] is what followed step t, and for a step that ended its
+    episode it is the episode's last observation (the reset comes one step
+    later), so a truncated step bootstraps from the right state.
+    """
+
+    observation: np.ndarray  # [T + 1, ...]
+    action: np.ndarray  # [T, ...]
+    reward: np.ndarray  # [T] float32
+    terminated: np.ndarray  # [T] bool
+    truncated: np.ndarray  # [T] bool
+    valid: np.ndarray  # [T] bool
+    extras: PyTree  # the policy's extras, [T, ...] leaves
+    param_version: np.ndarray  # [T] int32: learner version of the acting parameters
+    actor_index: np.ndarray  # [] int32

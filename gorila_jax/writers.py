@@ -156,7 +156,17 @@ class TransitionWriter:
                     raise Stopped() from None
 
     def close(self) -> None:
-        self._writer.close()
+        """Confirms the items in flight, then closes: a clean stop loses no written item.
+
+        If the node is stopping and the rate limiter still holds inserts, the
+        items still in flight are given up after one timeout instead of hanging.
+        """
+        try:
+            self.flush()
+        except Stopped:
+            pass
+        finally:
+            self._writer.close()
 
 
 class NStepAdder:
@@ -176,10 +186,119 @@ class NStepAdder:
         self._initial_priority = initial_priority
 
     def add(self, step: types.EnvStep) -> None:
-        transitions = self._accumulator.add(*step)
+        transitions = self._accumulator.add(
+            step.observation,
+            step.action,
+            step.reward,
+            step.terminated,
+            step.truncated,
+            step.next_observation,
+            step.valid,
+        )
         if transitions is not None:
             priorities = np.full(len(transitions.reward), self._initial_priority)
             self._writer.write(self._codec.encode(transitions), priorities)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def _no_extras_as_empty(extras: types.PyTree) -> types.PyTree:
+    # dm-tree (which packs items) counts None as a leaf; () is the empty structure.
+    return () if extras is None else extras
+
+
+def trajectory_example(
+    spec: types.EnvSpec, length: int, extras_example: types.PyTree
+) -> types.Trajectory:
+    """One zero `types.Trajectory` of `length` steps of `spec`'s env (for an `ItemCodec`).
+
+    Args:
+      extras_example: one step's policy extras, without the env axis (None: no extras).
+    """
+    if length < 1:
+        raise ValueError(f"trajectory length must be positive, got {length}")
+    extras_example = _no_extras_as_empty(extras_example)
+    steps = lambda dtype: np.zeros(length, dtype)
+    return types.Trajectory(
+        observation=np.zeros((length + 1, *spec.observation_shape), spec.observation_dtype),
+        action=np.zeros((length, *spec.action_shape), spec.action_dtype),
+        reward=steps(np.float32),
+        terminated=steps(bool),
+        truncated=steps(bool),
+        valid=steps(bool),
+        extras=tree.map_structure(
+            lambda x: np.zeros((length, *np.shape(x)), np.asarray(x).dtype), extras_example
+        ),
+        param_version=steps(np.int32),
+        actor_index=np.int32(0),
+    )
+
+
+class TrajectoryAdder:
+    """An actor's adder for on-policy agents (PPO): one item per env every `length` steps.
+
+    Each item is a `types.Trajectory` of `length` consecutive steps of one env.
+    Every step goes in, envpool's auto-reset steps too (marked invalid), so all
+    envs of the actor fill their chunks on the same step and one batched write
+    sends them; consecutive chunks of an env share their boundary observation,
+    so no step is written twice and none is left out.
+
+    Args:
+      writer: writes the items (a queue table's writer blocks while the table is full).
+      codec: the agent's codec of `trajectory_example(spec, length, extras)`.
+      num_envs: envs of the actor.
+      length: steps per chunk (T).
+    """
+
+    def __init__(
+        self, writer: TransitionWriter, codec: replay.ItemCodec, num_envs: int, length: int
+    ):
+        if length < 1:
+            raise ValueError(f"trajectory length must be positive, got {length}")
+        self._writer, self._codec = writer, codec
+        self._num_envs, self._length = num_envs, length
+        self._chunk: types.Trajectory | None = None  # [E, T, ...] leaves, filled step by step
+        self._t = 0
+
+    def _allocate(self, step: types.EnvStep) -> types.Trajectory:
+        num_envs, length = self._num_envs, self._length
+
+        def per_step(x):
+            return np.zeros((num_envs, length, *np.shape(x)[1:]), np.asarray(x).dtype)
+
+        obs = np.asarray(step.observation)
+        return types.Trajectory(
+            observation=np.zeros((num_envs, length + 1, *obs.shape[1:]), obs.dtype),
+            action=per_step(step.action),
+            reward=np.zeros((num_envs, length), np.float32),
+            terminated=np.zeros((num_envs, length), bool),
+            truncated=np.zeros((num_envs, length), bool),
+            valid=np.zeros((num_envs, length), bool),
+            extras=tree.map_structure(per_step, _no_extras_as_empty(step.extras)),
+            param_version=np.zeros((num_envs, length), np.int32),
+            actor_index=np.full(num_envs, step.actor_index, np.int32),
+        )
+
+    def add(self, step: types.EnvStep) -> None:
+        if self._chunk is None:
+            self._chunk = self._allocate(step)
+        chunk, t = self._chunk, self._t
+        chunk.observation[:, t] = step.observation
+        chunk.action[:, t] = step.action
+        chunk.reward[:, t] = step.reward
+        chunk.terminated[:, t] = step.terminated
+        chunk.truncated[:, t] = step.truncated
+        chunk.valid[:, t] = step.valid
+        extras = _no_extras_as_empty(step.extras)
+        for buffer, value in zip(tree.flatten(chunk.extras), tree.flatten(extras)):
+            buffer[:, t] = value
+        chunk.param_version[:, t] = step.param_version
+        self._t += 1
+        if self._t == self._length:
+            chunk.observation[:, self._length] = step.next_observation
+            self._writer.write(self._codec.encode(chunk), np.ones(self._num_envs))
+            self._t = 0
 
     def close(self) -> None:
         self._writer.close()

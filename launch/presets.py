@@ -16,8 +16,10 @@ from typing import Any
 import yaml
 
 from agents import dqn
+from launch.ppo_presets import ppo_preset
+from launch.sac_presets import sac_preset
 
-NAMES = ("auto", "default", "cartpole", "simple", "medium", "hard")
+NAMES = ("auto", "default", "cartpole", "pendulum", "simple", "medium", "hard")
 
 # The brief's per-environment table (DESIGN.md section 4): how often actors
 # pull parameters and how large a batch the learner takes, by difficulty.
@@ -26,7 +28,13 @@ _ATARI_PRESETS = {
     "medium": {"param_pull_interval": 5, "batch_size": 512},  # Breakout
     "hard": {"param_pull_interval": 1, "batch_size": 1024},  # Montezuma's Revenge
 }
-_AUTO = {"CartPole": "cartpole", "Pong": "simple", "Breakout": "medium", "MontezumaRevenge": "hard"}
+_AUTO = {
+    "CartPole": "cartpole",
+    "Pendulum": "pendulum",  # PPO and SAC have one; DQN cannot act in continuous envs
+    "Pong": "simple",
+    "Breakout": "medium",
+    "MontezumaRevenge": "hard",
+}
 
 
 def resolve(name: str, env_id: str) -> str:
@@ -97,7 +105,7 @@ def dqn_preset(name: str) -> tuple[dqn.DQNConfig, dict[str, Any]]:
     raise ValueError(f"unknown preset {name!r}; choose one of {NAMES} or a .json/.yaml file")
 
 
-AGENT_PRESETS = {"dqn": dqn_preset}
+AGENT_PRESETS = {"dqn": dqn_preset, "ppo": ppo_preset, "sac": sac_preset}
 
 
 def is_file(name: str) -> bool:

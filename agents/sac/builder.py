@@ -1,0 +1,120 @@
+"""SACBuilder: wires SAC's config, networks, learning and policy into the skeleton."""
+
+import dataclasses
+import threading
+
+import jax
+import numpy as np
+import reverb
+
+from agents.sac import config as config_lib
+from agents.sac import learning, networks, policy
+from gorila_jax import builder as builder_lib
+from gorila_jax import precision, replay, types, writers
+
+TABLE = "uniform_table"
+
+
+def _stored_dtype(dtype_name: str) -> np.dtype:
+    # MuJoCo observations come as float64; the networks compute in float32 at
+    # most, so replay keeps float32 and half the bytes.
+    return np.dtype(np.float32) if np.dtype(dtype_name) == np.float64 else np.dtype(dtype_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class SACBuilder:
+    """Implements `gorila_jax.builder.AgentBuilder` for SAC on continuous actions."""
+
+    config: config_lib.SACConfig
+
+    @property
+    def sample_table(self) -> str:
+        return TABLE
+
+    @property
+    def batch_size(self) -> int:
+        return self.config.batch_size
+
+    @property
+    def batch_schedule(self) -> builder_lib.BatchSchedule:
+        return ((0, self.config.batch_size),)
+
+    def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
+        self.config.validate(num_learner_devices)
+        if spec is not None:
+            self._networks(spec)  # raises for discrete actions
+
+    def _networks(self, spec: types.EnvSpec) -> networks.SACNetworks:
+        cfg = self.config
+        return networks.make_networks(
+            spec,
+            cfg.hidden_sizes,
+            cfg.log_std_min,
+            cfg.log_std_max,
+            precision.compute_dtype(cfg.precision),
+        )
+
+    def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
+        obs = np.zeros(spec.observation_shape, _stored_dtype(spec.observation_dtype))
+        action = np.zeros(spec.action_shape, np.float32)
+        return replay.ItemCodec(types.Transition(obs, action, np.float32(0), np.float32(0), obs))
+
+    def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
+        cfg = self.config
+        limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, cfg.batch_size)
+        signature = self.item_codec(spec).signature()
+        return [replay.uniform_table(TABLE, cfg.max_replay_size, limiter, signature)]
+
+    def make_adder(
+        self,
+        client: reverb.Client,
+        spec: types.EnvSpec,
+        num_envs: int,
+        stop_event: threading.Event,
+    ) -> writers.NStepAdder:
+        writer = writers.TransitionWriter(client, TABLE, stop_event=stop_event)
+        return writers.NStepAdder(
+            writer, self.item_codec(spec), num_envs, self.config.n_step, self.config.discount
+        )
+
+    def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:
+        return learning.init_train_state(
+            key, self._networks(spec), learning.make_optimizers(self.config), spec, self.config
+        )
+
+    def update_fns(self, spec: types.EnvSpec) -> builder_lib.UpdateFns:
+        return learning.make_update_fns(
+            self._networks(spec), learning.make_optimizers(self.config), spec, self.config
+        )
+
+    def actor_params(self, state: learning.TrainState) -> types.Params:
+        """The policy parameters actors act with: the published half of a double buffer.
+
+        The learner step returns these as an output of their own (a buffer
+        apart from the state), and the learner node publishes that copy. The
+        next step donates and overwrites the state's buffers, never the
+        published ones, so an actor or evaluator reading the published copy
+        never sees parameters half-way through an update
+        (tests/agents/sac/test_nodes.py checks this).
+        """
+        return precision.cast_floats(state.policy_params, self.config.actor_params_dtype)
+
+    def make_policy(
+        self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
+    ) -> builder_lib.Policy:
+        random_steps = policy.actor_random_steps(self.config.random_steps, num_actors)
+        return policy.make_policy(self._networks(spec).policy.apply, spec, evaluation, random_steps)
+
+    # Gorila mode needs (compute_grads, apply_grads) with one elementwise
+    # optimizer; SAC's update is three optimizers in sequence.
+
+    def shard_optimizer(self):
+        learning.unsupported_in_gorila_mode()
+
+    def trainable_params(self, state: learning.TrainState) -> types.Params:
+        learning.unsupported_in_gorila_mode()
+
+    def with_params(
+        self, state: learning.TrainState, params: types.Params, step: int
+    ) -> learning.TrainState:
+        learning.unsupported_in_gorila_mode()

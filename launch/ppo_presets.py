@@ -1,0 +1,100 @@
+"""PPO's named presets (launch/presets.py dispatches `--agent=ppo` here)."""
+
+import dataclasses
+from typing import Any
+
+from agents import ppo
+
+NAMES = ("default", "cartpole", "simple", "medium", "hard", "pendulum", "mujoco")
+
+# The brief's parameter-pull interval by Atari difficulty (DESIGN.md section 4).
+# PPO's batch is counted in trajectory chunks, not transitions, so it keeps its
+# own: 8 chunks of 128 steps per actor (CleanRL's 8 envs x 128 steps).
+_ATARI_PULL_INTERVAL = {"simple": 10, "medium": 5, "hard": 1}
+
+
+def _cartpole() -> tuple[ppo.PPOConfig, dict[str, Any]]:
+    # Tuned for time to solve CartPole-v1 on 2 CPU cores; see the README
+    # ("PPO") for measured runs. Greedy evaluation (argmax) reaches 500 well
+    # before the stochastic training return does.
+    config = dataclasses.replace(
+        ppo.PPOConfig(),
+        torso="mlp",
+        hidden_sizes=(64, 64),
+        trajectory_length=64,
+        batch_size=8,
+        num_actors=2,
+        num_epochs=4,
+        num_minibatches=8,
+        learning_rate=1e-3,
+        learning_rate_decay_updates=400,
+        clip_epsilon=0.2,
+        value_clip_epsilon=0.0,
+        entropy_coef=0.01,
+        discount=0.99,
+        gae_lambda=0.95,
+    )
+    settings = {"num_actors": 2, "num_envs_per_actor": 8, "total_env_steps": 200_000}
+    return config, settings
+
+
+def _atari(name: str) -> tuple[ppo.PPOConfig, dict[str, Any]]:
+    # CleanRL's Atari PPO (ppo_atari_envpool.py): Nature torso, 128-step
+    # rollouts, 4 epochs of 4 minibatches, clip 0.1, entropy 0.01.
+    config = dataclasses.replace(
+        ppo.PPOConfig(),
+        torso="nature",
+        hidden_sizes=(512,),
+        trajectory_length=128,
+        batch_size=8,
+        num_epochs=4,
+        num_minibatches=4,
+        learning_rate=2.5e-4,
+        clip_epsilon=0.1,
+        value_clip_epsilon=0.1,
+        entropy_coef=0.01,
+    )
+    settings = {
+        "param_pull_interval": _ATARI_PULL_INTERVAL[name],
+        "total_env_steps": 10_000_000,
+        "num_envs_per_actor": 8,
+    }
+    return config, settings
+
+
+def _continuous(total_env_steps: int) -> tuple[ppo.PPOConfig, dict[str, Any]]:
+    # CleanRL's continuous PPO (ppo_continuous_action.py): 64x64 tanh MLPs, a
+    # state-independent log-std, 10 epochs of 32 minibatches... scaled to
+    # chunks: 2048 steps per update, observations normalized.
+    config = dataclasses.replace(
+        ppo.PPOConfig(),
+        torso="mlp",
+        hidden_sizes=(64, 64),
+        trajectory_length=256,
+        batch_size=4,
+        num_epochs=10,
+        num_minibatches=8,
+        learning_rate=3e-4,
+        clip_epsilon=0.2,
+        value_clip_epsilon=0.0,
+        entropy_coef=0.0,
+        normalize_observations=True,
+    )
+    return config, {"num_envs_per_actor": 4, "total_env_steps": total_env_steps}
+
+
+def ppo_preset(name: str) -> tuple[ppo.PPOConfig, dict[str, Any]]:
+    """PPO config and experiment settings of preset `name` (not `auto`)."""
+    if name == "default":
+        return ppo.PPOConfig(), {}
+    if name == "cartpole":
+        return _cartpole()
+    if name in _ATARI_PULL_INTERVAL:
+        return _atari(name)
+    if name == "pendulum":
+        return _continuous(500_000)
+    if name == "mujoco":
+        return _continuous(1_000_000)
+    raise ValueError(
+        f"unknown preset {name!r}; PPO has {NAMES} (and auto), or give a .json/.yaml file"
+    )
