@@ -12,6 +12,7 @@ import reverb
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parameter_server, program, types, writers
+from gorila_jax import monitor as monitor_lib
 
 
 class EpisodeTracker:
@@ -109,6 +110,7 @@ class ActorNode(program.Worker):
     ):
         super().__init__()
         self.name = f"actor/{actor_index}"
+        self._actor_index = actor_index
         self._builder, self._spec = builder, spec
         self._learner = parameter_server.parameter_source(learner, builder, spec, seed, self.name)
         self._monitor = monitor
@@ -129,6 +131,10 @@ class ActorNode(program.Worker):
         self._finished = threading.Event()
 
     def run(self) -> None:
+        # Beats from its own thread: a hung env shows as a stall, not a death.
+        heartbeat = monitor_lib.Heartbeat(
+            self._monitor, self.name, self.counters, self._report_interval_s
+        ).start()
         env = envs.make_env(
             self._spec.env_id, self._num_envs, seed=self._env_seed, num_threads=self._env_threads
         )
@@ -142,16 +148,29 @@ class ActorNode(program.Worker):
         last_report = time.monotonic()
         try:
             while not self.stopping and not self._budget_spent():
-                params = puller.next_params()
-                action = np.asarray(self._policy(params, obs, self._key, self.env_steps))
+                params, version = puller.next_params(), puller.version
+                action, extras = builder_lib.split_policy_output(
+                    self._policy(params, obs, self._key, self.env_steps)
+                )
+                action = np.asarray(action)
                 # envpool steps the envs in its own thread while this one writes the
                 # previous step to replay: the two costs overlap instead of adding up.
                 env.send(action)
                 if unwritten is not None:
                     adder.add(unwritten)
+                extras = jax.tree.map(np.asarray, extras)  # None for policies without extras
                 next_obs, reward, terminated, truncated, info = env.recv()
                 unwritten = types.EnvStep(
-                    obs, action, reward, terminated, truncated, next_obs, valid
+                    obs,
+                    action,
+                    reward,
+                    terminated,
+                    truncated,
+                    next_obs,
+                    valid,
+                    extras,
+                    version,
+                    self._actor_index,
                 )
                 ended = valid & (terminated | truncated)
                 raw_reward, game_over = envs.game_signals(reward, terminated, truncated, info)
@@ -168,6 +187,7 @@ class ActorNode(program.Worker):
             pass  # the rate limiter held our inserts while we were asked to stop
         finally:
             try:
+                heartbeat.stop()
                 adder.close()
                 env.close()
                 self._final_report()

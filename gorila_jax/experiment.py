@@ -65,6 +65,24 @@ class ExperimentConfig:
       outlier_stds: a worker drops gradients whose loss is more than this many
         standard deviations above its running mean; 0 disables the rule.
       ps_cpus: CPUs each parameter-server shard asks Ray for.
+      heartbeat_interval_s: seconds between the heartbeats (counters) that
+        actors and learner send the monitor.
+      heartbeat_timeout_s: a node that sent no heartbeat for this long is
+        declared dead and restarted; 0 only watches processes.
+      stall_timeout_s: a node that heartbeats but whose counters did not move
+        for this long (a hung environment) is restarted; 0 disables.
+      startup_timeout_s: how long a (re)started node may take to be built and
+        to make its first progress.
+      max_restarts: restarts allowed per node (the ray launcher replaces a
+        faulty node's process); one fault more, or any fault under the local
+        launcher, fails the run with the reason. 0 fails at the first fault.
+      max_nonfinite_steps: the learner skips updates with a non-finite loss or
+        gradient; after this many in a row it rolls back to its newest
+        checkpoint (0: skips only, never rolls back).
+      rollback_lr_factor: each rollback multiplies the learner's learning-rate
+        scale by this (`learner.scale_update`).
+      rollback_param_noise: standard deviation of Gaussian noise added to the
+        trainable parameters after a rollback (the brief suggests 0.01); 0: none.
     """
 
     env_id: str = "CartPole-v1"
@@ -100,6 +118,14 @@ class ExperimentConfig:
     compression: str = "none"
     outlier_stds: float = 4.0
     ps_cpus: float = 0.5
+    heartbeat_interval_s: float = 1.0
+    heartbeat_timeout_s: float = 30.0
+    stall_timeout_s: float = 300.0
+    startup_timeout_s: float = 300.0
+    max_restarts: int = 3
+    max_nonfinite_steps: int = 10
+    rollback_lr_factor: float = 0.5
+    rollback_param_noise: float = 0.0
 
     @property
     def saves_checkpoints(self) -> bool:
@@ -120,6 +146,8 @@ class ExperimentConfig:
             "num_learners",
             "num_ps_shards",
             "async_update",
+            "heartbeat_interval_s",
+            "startup_timeout_s",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -134,6 +162,11 @@ class ExperimentConfig:
             "checkpoint_interval_steps",
             "outlier_stds",
             "ps_cpus",
+            "heartbeat_timeout_s",
+            "stall_timeout_s",
+            "max_restarts",
+            "max_nonfinite_steps",
+            "rollback_param_noise",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
@@ -151,6 +184,13 @@ class ExperimentConfig:
                 f"compression must be one of {compression.GRADIENT_SCHEMES}, "
                 f"got {self.compression!r}"
             )
+        if self.heartbeat_timeout_s and self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
+            raise ValueError(
+                f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed twice "
+                f"heartbeat_interval_s ({self.heartbeat_interval_s}), or one late beat kills a node"
+            )
+        if not 0 < self.rollback_lr_factor <= 1:
+            raise ValueError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
         if self.learner_mode == "gorila" and self.resume:
             raise ValueError("resume: Gorila mode does not checkpoint yet (learner_mode=sync does)")
         if self.resume and not self.checkpoint_interval_steps:
@@ -205,7 +245,12 @@ def make_program(
             max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
             restore_step=restore_step,
             tf32=cfg.tf32,
+            report_interval_s=cfg.heartbeat_interval_s,
+            max_nonfinite_steps=cfg.max_nonfinite_steps,
+            rollback_lr_factor=cfg.rollback_lr_factor,
+            rollback_param_noise=cfg.rollback_param_noise,
         )
+    program.node(learner_node.name).restartable(functools.partial(_restart_learner, saving))
     _add_actors_and_evaluator(
         program,
         builder,
@@ -247,7 +292,7 @@ def _add_actors_and_evaluator(
     restored_counters = restored_counters or {}
     with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
         for index in range(cfg.num_actors):
-            program.add_node(
+            handle = program.add_node(
                 actor.ActorNode,
                 builder,
                 spec,
@@ -259,7 +304,23 @@ def _add_actors_and_evaluator(
                 cfg.param_pull_interval,
                 env_threads=cfg.env_threads_per_actor,
                 restored_counters=restored_counters.get(f"actor/{index}"),
+                report_interval_s=cfg.heartbeat_interval_s,
             )
+            # A replacement acts with the same index (seed offset) and config,
+            # and continues the counters (and exploration schedule) it reported last.
+            program.node(handle.name).restartable(_continue_counters)
+
+
+def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
+    """A replacement learner resumes from its newest checkpoint; its step count goes on."""
+    return {
+        "restore_step": learner.NEWEST if saving else None,
+        "restored_counters": counters,
+    }
+
+
+def _continue_counters(counters: dict[str, float]) -> dict[str, Any]:
+    return {"restored_counters": {name: int(value) for name, value in counters.items()}}
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -279,6 +340,7 @@ def _row(snapshot: dict[str, Any], previous: dict[str, Any], elapsed: float) -> 
         "env_steps_per_s": (snapshot["env_steps"] - previous["env_steps"]) / interval,
         "learner_steps_per_s": (snapshot["learner_steps"] - previous["learner_steps"]) / interval,
         **snapshot["metrics"],
+        **gorila.summarize(snapshot["metrics"]),
     }
 
 
@@ -324,25 +386,72 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 
 def _drive(running: Any, cfg: ExperimentConfig, logger: metrics.MetricsLogger, start: float) -> str:
-    """Polls the monitor, logs rows, until a stop condition (or an interrupt); returns why."""
+    """Polls the monitor, logs rows, until a stop condition (or an interrupt); returns why.
+
+    Each poll the supervisor restarts dead, silent and stalled nodes.
+
+    Raises:
+      monitor.RunFailed: a node failed and may not be restarted (again).
+    """
     monitor_client = running.client("monitor")
+    supervisor = monitor.Supervisor(
+        running,
+        monitor_client,
+        cfg.heartbeat_timeout_s,
+        cfg.stall_timeout_s,
+        cfg.max_restarts,
+        cfg.startup_timeout_s,
+    )
     previous = logger.last_row or {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
     reason = None
     try:
         while reason is None:
             time.sleep(min(0.25, cfg.log_interval_s))
-            running.check()
+            for line in supervisor.check():
+                print(line, flush=True)
             elapsed = time.monotonic() - start
             snapshot = monitor_client.snapshot()
             reason = _done(cfg, snapshot, elapsed)
             if reason or elapsed - previous["wall_time_s"] >= cfg.log_interval_s:
+                _write_node_status(
+                    cfg.logdir,
+                    monitor_client.node_status(),
+                    supervisor.restarts,
+                    running.process_ids(),
+                )
                 row = _row(snapshot, previous, elapsed)
                 logger.write(row)
-                print(metrics.progress_line(row), flush=True)
+                print(metrics.progress_line(row) + gorila.progress_suffix(row), flush=True)
                 previous = row
     except KeyboardInterrupt:
         return "interrupted"
     return reason
+
+
+NODE_STATUS_FILE = "nodes.json"
+
+
+def _write_node_status(
+    logdir: str, status: dict[str, Any], restarts: dict[str, int], pids: dict[str, int]
+) -> None:
+    """`<logdir>/nodes.json`: each node's pid, heartbeat age, counters and restarts.
+
+    For operators (which process is actor/3, is it beating), fault tests and
+    memory benchmarks. Nodes without heartbeats (replay, monitor) get their
+    pid from the launcher.
+    """
+    record = {
+        name: {
+            **status.get(name, {}),
+            "pid": status.get(name, {}).get("pid") or pids.get(name),
+            "restarts": count,
+        }
+        for name, count in restarts.items()
+    }
+    path = os.path.join(logdir, NODE_STATUS_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
@@ -409,13 +518,20 @@ def run_experiment(
     program = make_program(builder, cfg, spec, resume)
     if cfg.launcher == "ray" and cfg.ray_address:
         launcher_options.setdefault("address", cfg.ray_address)
+    if cfg.launcher == "ray" and cfg.max_restarts:
+        # Callers of a restarted node wait for its replacement instead of failing.
+        launcher_options.setdefault(
+            "reconnect_timeout_s", cfg.startup_timeout_s + cfg.heartbeat_timeout_s
+        )
     resume_env_steps = checkpoint.total(resume.meta, "env_steps") if resume else None
     logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps)
     # A resumed run's clock goes on from the last row kept: wall time stays the x-axis.
     start = time.monotonic() - (logger.last_row or {"wall_time_s": 0.0})["wall_time_s"]
+    # The SIGTERM handler goes in after the launch: `ray.init` installs one of its own
+    # (sys.exit), which would otherwise end the run without its final checkpoint.
     with (
-        _sigterm_as_interrupt(),
         launchers.launch(program, cfg.launcher, **launcher_options) as running,
+        _sigterm_as_interrupt(),
     ):
         reason = _drive(running, cfg, logger, start)
         print(f"stopping: {reason}", flush=True)
@@ -423,6 +539,7 @@ def run_experiment(
         params_version, params = _final_params(running, builder, cfg, spec)
         snapshot = running.client("monitor").snapshot()
         evaluations = running.client("monitor").evaluations()
+        restarts = running.client("monitor").restarts()
     wall_time = time.monotonic() - start
     logger.close()
     if cfg.saves_checkpoints:
@@ -439,6 +556,7 @@ def run_experiment(
         "final_eval_return": None if final_returns is None else float(final_returns.mean()),
         "final_eval_episodes": 0 if final_returns is None else len(final_returns),
         "evaluations": evaluations,
+        "restarts": restarts,
         "resumed_from_learner_step": resume.step if resume else None,
         "experiment": dataclasses.asdict(cfg),
         "agent_config": dataclasses.asdict(builder.config),

@@ -1,17 +1,20 @@
 """The synchronous learner node: sample -> shard -> pmapped update -> priorities -> publish."""
 
 import functools
+import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import reverb
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import checkpoint, parallel, precision, program, replay, types
+from gorila_jax import monitor as monitor_lib
 
 
 def make_learner_step(update_fns: builder_lib.UpdateFns, actor_params: Callable[[Any], Any]):
@@ -30,6 +33,101 @@ def make_learner_step(update_fns: builder_lib.UpdateFns, actor_params: Callable[
         return state, info, actor_params(state)
 
     return learner_step
+
+
+class NumericGuard(NamedTuple):
+    """The learner's numerical-fault state beside the agent's, replicated on every device.
+
+    Attributes:
+      skipped_steps: [] int32 updates skipped for a non-finite loss, gradient or state.
+      streak: [] int32 consecutive skipped updates (0 after a finite one).
+      lr_scale: [] float32 fraction of its full step that each update takes
+        (lowered after a rollback; see `scale_update`).
+    """
+
+    skipped_steps: jax.Array
+    streak: jax.Array
+    lr_scale: jax.Array
+
+
+def init_guard(skipped_steps: int = 0, lr_scale: float = 1.0) -> NumericGuard:
+    return NumericGuard(
+        jnp.asarray(skipped_steps, jnp.int32),
+        jnp.zeros((), jnp.int32),
+        jnp.asarray(lr_scale, jnp.float32),
+    )
+
+
+def _all_finite(*trees: Any) -> jax.Array:
+    """[] bool, the same on every device: no NaN or inf in the floating leaves of `trees`."""
+    leaves = [x for x in jax.tree.leaves(trees) if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return precision.all_finite(leaves) if leaves else jnp.array(True)
+
+
+def scale_update(old: Any, new: Any, scale: jax.Array) -> Any:
+    """Moves every floating leaf `scale` of the way from `old` to `new`; other leaves to `new`.
+
+    The skeleton's learning-rate knob, for any agent and optimizer: the
+    parameters take `scale` of the step the optimizer computed (exactly a
+    learning rate times `scale` for one update), optimizer moments and
+    target networks follow as slowly. `new` comes back bit for bit at 1.
+    """
+
+    def move(o, n):
+        if not jnp.issubdtype(n.dtype, jnp.inexact):
+            return n
+        return jnp.where(scale == 1.0, n, (o + scale.astype(n.dtype) * (n - o)).astype(n.dtype))
+
+    return jax.tree.map(move, old, new)
+
+
+def make_guarded_step(update_fns: builder_lib.UpdateFns, actor_params: Callable[[Any], Any]):
+    """`make_learner_step` with numerical-fault protection, for pmap.
+
+    (state, guard, batch) -> (state, guard, info, actor params). An update
+    whose loss or gradients (or, for an agent's whole `update`, new state)
+    hold a NaN or inf is skipped: the state comes back bit for bit, the guard
+    counts it, and its priorities are NaN (the priority updater drops them,
+    so the items keep their old ones). A step that the agent skipped itself
+    (`precision.CheckedGrads.finite` False: a float16 overflow, handled by
+    its loss scale) passes through. Metrics gain `nonfinite_skipped_steps`,
+    `nonfinite_streak` and `lr_scale`.
+    """
+
+    def guarded_step(state, guard: NumericGuard, batch: builder_lib.SampledBatch):
+        if update_fns.update is not None:
+            new, info = update_fns.update(state, batch)
+            finite = _all_finite(new, info.metrics.get("loss"))
+        else:
+            grads, info = update_fns.compute_grads(state, batch)
+            new = update_fns.apply_grads(state, grads)
+            if isinstance(grads, precision.CheckedGrads):
+                finite = jnp.logical_not(grads.finite) | _all_finite(
+                    grads.grads, info.metrics.get("loss")
+                )
+            else:
+                finite = _all_finite(grads, info.metrics.get("loss"))
+        new = precision.select_tree(finite, scale_update(state, new, guard.lr_scale), state)
+        skipped = jnp.logical_not(finite).astype(jnp.int32)
+        guard = NumericGuard(
+            guard.skipped_steps + skipped, (guard.streak + 1) * skipped, guard.lr_scale
+        )
+        metrics = {
+            **info.metrics,
+            "nonfinite_skipped_steps": guard.skipped_steps.astype(jnp.float32),
+            "nonfinite_streak": guard.streak.astype(jnp.float32),
+            "lr_scale": guard.lr_scale,
+        }
+        priorities = info.priorities
+        if priorities is not None:
+            priorities = jnp.where(finite, priorities, jnp.nan)
+        return new, guard, builder_lib.StepInfo(priorities, metrics), actor_params(new)
+
+    return guarded_step
+
+
+class NumericalFault(RuntimeError):
+    """Updates stayed non-finite and there is no checkpoint to roll back to."""
 
 
 class DevicePrefetcher:
@@ -103,6 +201,7 @@ def sampler(
 
 
 _NAME = "learner/0"  # the learner's name in monitor reports and checkpointed counters
+NEWEST = -1  # restore_step: the newest checkpoint that loads
 
 
 class LearnerNode(program.Worker):
@@ -121,8 +220,19 @@ class LearnerNode(program.Worker):
       checkpoint_interval_steps: learner steps between checkpoints; the last
         one is taken when `run` ends. 0: only that last one.
       max_checkpoints_to_keep: older checkpoints (and their replay) are deleted.
-      restore_step: start from the checkpoint of this learner step.
+      restore_step: start from the checkpoint of this learner step;
+        `NEWEST` takes the newest one that loads (a fresh state if none does).
+      restored_counters: the counters this learner reported last (a restart
+        after a crash): learner steps, which are also the parameter version
+        actors compare against, go on from there instead of going back to
+        the checkpoint's; the updates in between are lost, not uncounted.
       tf32: TensorFloat-32 matmuls on GPUs (`precision.use_tf32`).
+      max_nonfinite_steps: after this many consecutive skipped (non-finite)
+        updates, roll back to the newest checkpoint (`NumericGuard`); 0 never.
+      rollback_lr_factor: each rollback multiplies the learning-rate scale by this.
+      rollback_param_noise: after a rollback, add Gaussian noise of this
+        standard deviation to the trainable parameters (0: none), so the
+        same batches do not lead to the same divergence.
     """
 
     def __init__(
@@ -139,8 +249,24 @@ class LearnerNode(program.Worker):
         max_checkpoints_to_keep: int = 2,
         restore_step: int | None = None,
         tf32: bool = False,
+        max_nonfinite_steps: int = 10,
+        rollback_lr_factor: float = 0.5,
+        rollback_param_noise: float = 0.0,
+        restored_counters: dict[str, float] | None = None,
     ):
         super().__init__()
+        if max_nonfinite_steps < 0:
+            raise ValueError(f"max_nonfinite_steps must not be negative, got {max_nonfinite_steps}")
+        if not 0 < rollback_lr_factor <= 1:
+            raise ValueError(f"rollback_lr_factor must be in (0, 1], got {rollback_lr_factor}")
+        if rollback_param_noise < 0:
+            raise ValueError(
+                f"rollback_param_noise must not be negative, got {rollback_param_noise}"
+            )
+        self._max_nonfinite_steps = max_nonfinite_steps
+        self._rollback_lr_factor = rollback_lr_factor
+        self._rollback_param_noise = rollback_param_noise
+        self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
         precision.use_tf32(tf32)
         self._builder, self._monitor, self._replay = builder, monitor, replay_client
         self._report_interval_s = report_interval_s
@@ -154,13 +280,25 @@ class LearnerNode(program.Worker):
                 checkpoint_dir, max_checkpoints_to_keep
             )
         self._checkpoint_interval = checkpoint_interval_steps
+        self._guard_meta: dict[str, float] = {}
+        self.rollbacks = 0
+        # Which checkpoint this incarnation started from (-1: none); in its heartbeats.
+        self._started_from = -1
         state, self._steps = self._initial_state(spec, seed, restore_step)
+        self._steps = max(self._steps, int((restored_counters or {}).get("learner_steps", 0)))
         self._last_checkpoint_step = self._steps
         self._state = parallel.replicate(state, self._devices)
-        self._step_fn = parallel.pmap_step(
-            make_learner_step(builder.update_fns(spec), builder.actor_params),
+        self._guard = parallel.replicate(
+            init_guard(
+                int(self._guard_meta.get("skipped_steps", 0)),
+                float(self._guard_meta.get("lr_scale", 1.0)),
+            ),
             self._devices,
-            out_axes=(0, 0, None),
+        )
+        self._step_fn = parallel.pmap_step(
+            make_guarded_step(builder.update_fns(spec), builder.actor_params),
+            self._devices,
+            out_axes=(0, 0, 0, None),
         )
         # Held while the state is replaced or read for a checkpoint: a step
         # donates the old state's buffers, so a checkpoint must not read them then.
@@ -182,10 +320,31 @@ class LearnerNode(program.Worker):
             return state, 0
         if self._checkpoints is None:
             raise ValueError("restore_step needs a checkpoint_dir")
+        if restore_step == NEWEST:
+            return self._restore_newest(state)
         # The fresh state only lends its structure, shapes and dtypes: the
         # skeleton never looks inside an agent's state.
         state, meta = self._checkpoints.restore(restore_step, jax.device_get(state))
+        self._started_from = restore_step
+        self._guard_meta = meta.get("numeric_guard", {})
+        self.rollbacks = int(self._guard_meta.get("rollbacks", 0))
         return state, int(meta["learner_steps"])
+
+    def _restore_newest(self, fresh: Any) -> tuple[Any, int]:
+        target = jax.device_get(fresh)
+        for step in reversed(self._checkpoints.steps()):
+            try:
+                state, meta = self._checkpoints.restore(step, target)
+            except Exception:  # noqa: BLE001  a damaged one: try the one before
+                logging.warning("%s: checkpoint %d does not load", _NAME, step, exc_info=True)
+                continue
+            self._guard_meta = meta.get("numeric_guard", {})
+            self.rollbacks = int(self._guard_meta.get("rollbacks", 0))
+            self._started_from = step
+            logging.warning("%s: restarted from the checkpoint of step %d", _NAME, step)
+            return state, int(meta["learner_steps"])
+        logging.warning("%s: restarted without a checkpoint to load: fresh state", _NAME)
+        return fresh, 0
 
     def batch_size(self) -> int:
         """The global batch the schedule gives at the current learner step."""
@@ -215,24 +374,117 @@ class LearnerNode(program.Worker):
         keys, batch = item
         self._last_batch_size = keys.size
         with self._state_lock:
-            self._state, info, published = self._step_fn(self._state, batch)
+            self._state, self._guard, info, published = self._step_fn(
+                self._state, self._guard, batch
+            )
             with self._params_lock:
                 self._steps += 1
                 self._published = published
         if info.priorities is not None and self._priorities is not None:
             # The updater thread waits for the device; this thread dispatches the next step.
             self._priorities.submit(keys, info.priorities)
-        self._last_info = info
+        # The previous step's streak: reading it waits only for that step,
+        # while this one is already queued on the devices.
+        previous, self._last_info = self._last_info, info
+        if previous is not None and self._max_nonfinite_steps:
+            streak = int(np.asarray(previous.metrics["nonfinite_streak"])[0])
+            if streak >= self._max_nonfinite_steps:
+                self._roll_back(streak)
         return True
 
+    def numeric_status(self) -> dict[str, float]:
+        """Skipped updates in total, the current streak, the learning-rate scale, rollbacks."""
+        with self._state_lock:
+            guard = jax.device_get(parallel.unreplicate(self._guard))
+        return {
+            "skipped_steps": int(guard.skipped_steps),
+            "streak": int(guard.streak),
+            "lr_scale": float(guard.lr_scale),
+            "rollbacks": self.rollbacks,
+        }
+
+    def _roll_back(self, streak: int) -> None:
+        """Restores the newest checkpoint that loads, with a lower learning-rate scale.
+
+        Learner steps keep counting up (no counter goes backwards); only the
+        agent's state returns to the checkpoint's.
+
+        Raises:
+          NumericalFault: there is no checkpoint to return to.
+        """
+        why = f"{streak} consecutive non-finite updates (max_nonfinite_steps)"
+        if self._checkpoints is None or not self._checkpoints.steps():
+            raise NumericalFault(f"{_NAME}: {why} and no checkpoint to roll back to")
+        with self._state_lock:
+            target = jax.device_get(parallel.unreplicate(self._state))
+            guard = jax.device_get(parallel.unreplicate(self._guard))
+            state, step = None, None
+            for step in reversed(self._checkpoints.steps()):
+                try:
+                    state, _ = self._checkpoints.restore(step, target)
+                    break
+                except Exception:  # noqa: BLE001  a damaged one: try the one before
+                    logging.warning("%s: checkpoint %d does not load", _NAME, step, exc_info=True)
+            if state is None:
+                raise NumericalFault(f"{_NAME}: {why} and no checkpoint loads")
+            state = self._perturbed(state)
+            lr_scale = float(guard.lr_scale) * self._rollback_lr_factor
+            self._state = parallel.replicate(state, self._devices)
+            self._guard = parallel.replicate(
+                init_guard(int(guard.skipped_steps), lr_scale), self._devices
+            )
+            self.rollbacks += 1
+            with self._params_lock:
+                self._published = parallel.unreplicate(self._builder.actor_params(self._state))
+            self._last_info = None  # the step in flight ran on the abandoned state
+        logging.warning(
+            "%s: %s; rolled back to the checkpoint of step %d, learning-rate scale now %g",
+            _NAME,
+            why,
+            step,
+            lr_scale,
+        )
+
+    def _perturbed(self, state: Any) -> Any:
+        """`state` with noise added to the agent's trainable parameters (if configured)."""
+        if not self._rollback_param_noise:
+            return state
+        try:
+            trainable = {
+                id(leaf) for leaf in jax.tree.leaves(self._builder.trainable_params(state))
+            }
+        except (AttributeError, NotImplementedError):
+            logging.warning("%s: the agent names no trainable parameters; no noise", _NAME)
+            return state
+        self._noise_key, key = jax.random.split(self._noise_key)
+        leaves, treedef = jax.tree.flatten(state)
+        keys = iter(jax.random.split(key, len(leaves)))
+        noisy = [
+            leaf
+            + self._rollback_param_noise
+            * np.asarray(jax.random.normal(next(keys), leaf.shape, leaf.dtype))
+            if id(leaf) in trainable and np.issubdtype(leaf.dtype, np.floating)
+            else leaf
+            for leaf in leaves
+        ]
+        return jax.tree.unflatten(treedef, noisy)
+
     def run(self) -> None:
+        # Beats while the first step compiles and while replay is below its minimum.
+        heartbeat = monitor_lib.Heartbeat(
+            self._monitor, _NAME, self._heartbeat_counters, self._report_interval_s
+        ).start()
         try:
             self._run()
         except BaseException as error:
             self._run_error = error
             raise
         finally:
+            heartbeat.stop()
             self._finished.set()
+
+    def _heartbeat_counters(self) -> dict[str, int]:
+        return {"learner_steps": self._steps, "started_from_step": self._started_from}
 
     def _run(self) -> None:
         last_report = 0.0
@@ -281,6 +533,12 @@ class LearnerNode(program.Worker):
             state = jax.device_get(parallel.unreplicate(self._state))
             meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
             meta.setdefault("node_counters", {})[_NAME] = {"learner_steps": step}
+            guard = jax.device_get(parallel.unreplicate(self._guard))
+            meta["numeric_guard"] = {
+                "skipped_steps": int(guard.skipped_steps),
+                "lr_scale": float(guard.lr_scale),
+                "rollbacks": self.rollbacks,
+            }
             meta.update(learner_steps=step, replay=replay_info, unix_time=time.time())
             self._checkpoints.save(step, state, meta)  # orbax deletes its old ones here
         # Only now, with the new pair complete, may the replay drop the old ones.
@@ -296,7 +554,7 @@ class LearnerNode(program.Worker):
             metrics = {k: float(np.asarray(v)[0]) for k, v in self._last_info.metrics.items()}
             metrics["batch_size"] = self._last_batch_size
         report = self._monitor.report if block else self._monitor.futures.report
-        report(_NAME, {"learner_steps": self._steps}, metrics=metrics)
+        report(_NAME, self._heartbeat_counters(), metrics=metrics)
 
     def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
         """(version, numpy params) of the latest update, or None if not newer than `newer_than`."""

@@ -1,14 +1,22 @@
-"""The monitor node: every node reports its counters here; the driver reads one snapshot.
+"""The monitor node, node heartbeats, and the supervisor that restarts faulty nodes.
 
-Reports carry cumulative counters, so a lost report loses nothing; the time
-of each node's last report is what later heartbeat checks build on.
+Every node reports its counters here; the driver reads one snapshot.
+Reports carry cumulative counters, so a lost report loses nothing. Nodes
+with a work loop also send them from a `Heartbeat` thread, so the time of a
+node's last report says whether its process lives, and its counters say
+whether its loop still makes progress. The driver's `Supervisor` reads both
+and, through the launcher, replaces dead, silent and stalled nodes.
 """
 
 import collections
+import logging
 import math
+import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
+
+from gorila_jax import program as program_lib
 
 
 class MonitorNode:
@@ -26,11 +34,13 @@ class MonitorNode:
         self._lock = threading.Lock()
         self._counters: dict[str, dict[str, float]] = dict(restored.get("node_counters", {}))
         self._last_seen: dict[str, float] = {}
+        self._pids: dict[str, int] = {}  # process of each heartbeating node, for operators
         self._metrics: dict[str, float] = {}
         self._returns: collections.deque = collections.deque(
             restored.get("recent_returns", []), maxlen=return_window
         )
         self._evals: list[dict[str, float]] = list(restored.get("evaluations", []))
+        self._restarts: list[dict[str, Any]] = list(restored.get("restarts", []))
 
     def report(
         self,
@@ -38,12 +48,38 @@ class MonitorNode:
         counters: dict[str, float],
         metrics: dict[str, float] | None = None,
         episode_returns: list[float] | None = None,
+        pid: int | None = None,
     ) -> None:
         with self._lock:
+            if pid is not None:
+                self._pids[name] = pid
             self._counters[name] = dict(counters)
             self._last_seen[name] = time.monotonic()
             self._metrics.update(metrics or {})
             self._returns.extend(episode_returns or [])
+
+    def node_status(self) -> dict[str, dict[str, Any]]:
+        """Per reporting node: seconds since its last report, and its latest counters."""
+        now = time.monotonic()
+        with self._lock:
+            return {
+                name: {
+                    "since_report_s": now - seen,
+                    "counters": dict(self._counters[name]),
+                    "pid": self._pids.get(name),
+                }
+                for name, seen in self._last_seen.items()
+            }
+
+    def record_restart(self, name: str, reason: str) -> None:
+        """Notes that the supervisor replaced node `name`, and why."""
+        with self._lock:
+            self._restarts.append({"node": name, "reason": reason, "unix_time": time.time()})
+            self._last_seen.pop(name, None)  # the old incarnation's heartbeats say nothing now
+
+    def restarts(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._restarts)
 
     def report_eval(self, returns: list[float], param_version: int) -> None:
         """Records one greedy evaluation at the current env-step count."""
@@ -78,6 +114,7 @@ class MonitorNode:
                 "num_evals": len(self._evals),
                 "metrics": dict(self._metrics),
                 "since_report_s": {name: now - t for name, t in self._last_seen.items()},
+                "restarts": len(self._restarts),
             }
 
     def evaluations(self) -> list[dict[str, float]]:
@@ -91,4 +128,189 @@ class MonitorNode:
                 "node_counters": {name: dict(c) for name, c in self._counters.items()},
                 "recent_returns": list(self._returns),
                 "evaluations": list(self._evals),
+                "restarts": list(self._restarts),
             }
+
+
+class Heartbeat:
+    """Sends a node's counters to the monitor every `interval_s`, from a thread of its own.
+
+    Apart from the node's work loop on purpose: a loop stuck in a hung
+    environment still heartbeats, with counters that no longer move, which
+    the supervisor tells apart from a dead process.
+    """
+
+    def __init__(
+        self,
+        monitor: program_lib.Client | None,
+        name: str,
+        counters: Callable[[], dict[str, float]],
+        interval_s: float,
+    ):
+        self._monitor, self._name, self._counters = monitor, name, counters
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{name}", daemon=True)
+
+    def start(self) -> "Heartbeat":
+        if self._monitor is not None:
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._monitor.report(self._name, self._counters(), pid=os.getpid())
+            except Exception:  # noqa: BLE001  a monitor that is away misses one beat
+                logging.warning("%s: heartbeat to the monitor failed", self._name, exc_info=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on: a node failed and may not (or cannot) be restarted."""
+
+
+class Supervisor:
+    """Finds dead, silent and stalled nodes, and restarts them through the launcher.
+
+    Called from the driver's loop. A node is
+      dead     when the launcher reports its process gone, or its constructor
+               or `run` raised;
+      silent   when no heartbeat came for `heartbeat_timeout_s` (counted from
+               when its current incarnation was built);
+      stalled  when it heartbeats but none of its counters moved for
+               `stall_timeout_s` (0 disables) while another node's did move
+               in that time, or it never moved within `startup_timeout_s`
+               of being built.
+    Silence and stalls are judged for nodes whose spec is `restartable`
+    only; a death, for every node. A faulty restartable node is replaced by
+    a fresh one (`RunningProgram.restart`) with the spec's `restart_kwargs`
+    of its last counters, at most `max_restarts` times; then, or for a node
+    that cannot be restarted, `check` raises `RunFailed` with the reason. Stall checks pause
+    for `stall_timeout_s` after any restart: while a learner restarts, actors
+    wait on the replay's rate limiter and are not at fault.
+
+    Args:
+      running: the launched program.
+      monitor: client of the monitor node.
+      heartbeat_timeout_s, stall_timeout_s, max_restarts: as above.
+      startup_timeout_s: how long a node may take to be built and to first
+        move its counters.
+      clock: seconds, monotonic (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        running: Any,
+        monitor: program_lib.Client,
+        heartbeat_timeout_s: float,
+        stall_timeout_s: float,
+        max_restarts: int,
+        startup_timeout_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._running, self._monitor = running, monitor
+        self._heartbeat_timeout_s, self._stall_timeout_s = heartbeat_timeout_s, stall_timeout_s
+        self._max_restarts, self._startup_timeout_s = max_restarts, startup_timeout_s
+        self._clock = clock
+        now = clock()
+        self._specs = {spec.name: spec for spec in running.program.nodes}
+        self.restarts: dict[str, int] = {name: 0 for name in self._specs}
+        self._started_at = {name: now for name in self._specs}
+        self._built_at: dict[str, float] = {}
+        self._counters: dict[str, dict[str, float]] = {}
+        self._moved_at: dict[str, float] = {}
+        self._beating: set[str] = set()  # nodes that heartbeat (once one did, always)
+        self._last_restart = -math.inf
+
+    def check(self) -> list[str]:
+        """Restarts every faulty node; returns what it did, one line per restart.
+
+        Raises:
+          RunFailed: a node is faulty and may not be restarted (again).
+        """
+        now = self._clock()
+        failures = self._running.failures()
+        status = self._monitor.node_status()
+        done = []
+        for name, spec in self._specs.items():
+            if spec.restart_kwargs is None:
+                # Only a restartable node's heartbeats are judged; any node's death is.
+                fault = None if name not in failures else f"died ({failures[name]})"
+            else:
+                fault = self._fault(name, failures.get(name), status.get(name), now)
+            if fault is not None:
+                counters = (status.get(name) or {}).get("counters", {})
+                done.append(self._restart(name, fault, counters))
+        return done
+
+    def _fault(self, name: str, failure: str | None, status: dict | None, now: float) -> str | None:
+        if failure is not None:
+            return f"died ({failure})"
+        if name not in self._built_at:
+            if not self._running.is_built(name):
+                if now - self._started_at[name] > self._startup_timeout_s:
+                    return f"not built within startup_timeout_s={self._startup_timeout_s:g}"
+                return None
+            self._built_at[name] = now
+        alive_for = now - self._built_at[name]
+        if status is None:
+            # Nodes without a work loop (replay, monitor) never report: only
+            # their process is watched. A node that did report must go on.
+            if name in self._beating and self._heartbeat_timeout_s:
+                if alive_for > self._heartbeat_timeout_s:
+                    return f"silent: no heartbeat for {alive_for:.1f}s (heartbeat_timeout_s)"
+            return None
+        self._beating.add(name)
+        silent = min(status["since_report_s"], alive_for)
+        if self._heartbeat_timeout_s and silent > self._heartbeat_timeout_s:
+            return f"silent: no heartbeat for {silent:.1f}s (heartbeat_timeout_s)"
+        counters = status["counters"]
+        previous = self._counters.get(name)
+        self._counters[name] = counters
+        if previous is not None and counters != previous:
+            self._moved_at[name] = now
+        if not self._stall_timeout_s:
+            return None
+        if name not in self._moved_at:
+            # Building, compiling, filling the replay: up to startup_timeout_s.
+            if alive_for > max(self._stall_timeout_s, self._startup_timeout_s):
+                return f"stalled: no counter moved in {alive_for:.1f}s since it started"
+            return None
+        flat = now - max(self._moved_at[name], self._last_restart)
+        others_moved = max(
+            (t for other, t in self._moved_at.items() if other != name), default=-math.inf
+        )
+        # Only a node that stands still while the rest of the program moves is
+        # at fault; when all stand still (a learner compiling, actors held by
+        # the rate limiter meanwhile) nobody is.
+        if flat > self._stall_timeout_s and others_moved >= now - self._stall_timeout_s:
+            return f"stalled: alive but no counter moved for {flat:.1f}s (stall_timeout_s)"
+        return None
+
+    def _restart(self, name: str, fault: str, counters: dict[str, float]) -> str:
+        spec = self._specs[name]
+        if spec.restart_kwargs is None:
+            raise RunFailed(f"node {name} {fault}; it cannot be restarted, so the run stops")
+        if self.restarts[name] >= self._max_restarts:
+            raise RunFailed(
+                f"node {name} {fault}; it was restarted {self.restarts[name]} times already "
+                f"(max_restarts={self._max_restarts}), so the run stops"
+            )
+        try:
+            self._running.restart(name, spec.restart_kwargs(counters))
+        except NotImplementedError as error:
+            raise RunFailed(f"node {name} {fault}; {error}") from None
+        self.restarts[name] += 1
+        self._monitor.record_restart(name, fault)
+        now = self._clock()
+        self._started_at[name] = now
+        self._built_at.pop(name, None)
+        self._counters.pop(name, None)
+        self._moved_at.pop(name, None)
+        self._last_restart = now
+        line = f"restarted {name} ({self.restarts[name]}/{self._max_restarts}): {fault}"
+        logging.warning(line)
+        return line

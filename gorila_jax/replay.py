@@ -382,9 +382,15 @@ class PriorityUpdater:
         while (work := self._queue.get()) is not None:
             keys, priorities = work
             priorities = np.asarray(priorities, np.float64).reshape(-1)
+            keys = keys.reshape(-1)
+            finite = np.isfinite(priorities)
+            if not finite.all():  # a skipped (non-finite) update: the items keep their old ones
+                keys, priorities = keys[finite], priorities[finite]
+            if not keys.size:
+                continue
             try:
                 self._client.mutate_priorities(
-                    self._table, updates=dict(zip(keys.reshape(-1).tolist(), priorities.tolist()))
+                    self._table, updates=dict(zip(keys.tolist(), priorities.tolist()))
                 )
                 self.updates_sent += 1
             except Exception:  # noqa: BLE001  a lost update only leaves old priorities

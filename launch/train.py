@@ -18,11 +18,13 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from agents import dqn
-from gorila_jax import checkpoint, compression, envs, experiment, launchers
+from agents import ppo
+from agents import sac
+from gorila_jax import checkpoint, compression, envs, experiment, gorila, launchers
 from launch import presets
 
-AGENTS = {"dqn": dqn.DQNBuilder}
-AGENT_CONFIGS = {"dqn": dqn.DQNConfig}
+AGENTS = {"dqn": dqn.DQNBuilder, "ppo": ppo.PPOBuilder, "sac": sac.SACBuilder}
+AGENT_CONFIGS = {"dqn": dqn.DQNConfig, "ppo": ppo.PPOConfig, "sac": sac.SACConfig}
 
 _AGENT = flags.DEFINE_enum("agent", "dqn", list(AGENTS), "Which agent to train.")
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
@@ -130,6 +132,30 @@ _OUTLIER_STDS = flags.DEFINE_float(
 _PS_CPUS = flags.DEFINE_float(
     "ps_cpus", 0.5, "CPUs each Gorila parameter-server shard asks Ray for.", lower_bound=0.0
 )
+_HEARTBEAT_INTERVAL = flags.DEFINE_float(
+    "heartbeat_interval", 1.0, "Seconds between node heartbeats to the monitor."
+)
+_HEARTBEAT_TIMEOUT = flags.DEFINE_float(
+    "heartbeat_timeout", 30.0, "A node silent this many seconds is restarted; 0: off."
+)
+_STALL_TIMEOUT = flags.DEFINE_float(
+    "stall_timeout", 300.0, "A node alive but without progress this long is restarted; 0: off."
+)
+_STARTUP_TIMEOUT = flags.DEFINE_float(
+    "startup_timeout", 300.0, "Seconds a (re)started node may take to build and first progress."
+)
+_MAX_RESTARTS = flags.DEFINE_integer(
+    "max_restarts", 3, "Restarts per node (ray launcher); one more fault fails the run."
+)
+_MAX_NONFINITE = flags.DEFINE_integer(
+    "max_nonfinite_steps", 10, "Consecutive non-finite updates before a rollback; 0: never."
+)
+_ROLLBACK_LR = flags.DEFINE_float(
+    "rollback_lr_factor", 0.5, "Each rollback multiplies the learning-rate scale by this."
+)
+_ROLLBACK_NOISE = flags.DEFINE_float(
+    "rollback_param_noise", 0.0, "Std of noise added to parameters after a rollback (0.01)."
+)
 
 # ExperimentConfig field -> the flag that sets it.
 _EXPERIMENT_FLAGS = {
@@ -165,6 +191,14 @@ _EXPERIMENT_FLAGS = {
     "compression": _COMPRESSION,
     "outlier_stds": _OUTLIER_STDS,
     "ps_cpus": _PS_CPUS,
+    "heartbeat_interval_s": _HEARTBEAT_INTERVAL,
+    "heartbeat_timeout_s": _HEARTBEAT_TIMEOUT,
+    "stall_timeout_s": _STALL_TIMEOUT,
+    "startup_timeout_s": _STARTUP_TIMEOUT,
+    "max_restarts": _MAX_RESTARTS,
+    "max_nonfinite_steps": _MAX_NONFINITE,
+    "rollback_lr_factor": _ROLLBACK_LR,
+    "rollback_param_noise": _ROLLBACK_NOISE,
 }
 
 
@@ -206,13 +240,18 @@ def make_configs() -> tuple[object, experiment.ExperimentConfig]:
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     if _PRECISION.value is not None:
         overrides["precision"] = _PRECISION.value
-    config = dataclasses.replace(config, **overrides)
     settings = {
         field: holder.value
         if holder.present or field not in preset_settings
         else preset_settings[field]
         for field, holder in _EXPERIMENT_FLAGS.items()
     }
+    # An agent whose config sizes things by the actor count (PPO: per-actor
+    # KL, the scaled batch) follows --num_actors unless told otherwise.
+    config_fields = {field.name for field in dataclasses.fields(config)}
+    if "num_actors" in config_fields and "num_actors" not in overrides:
+        overrides["num_actors"] = settings["num_actors"]
+    config = dataclasses.replace(config, **overrides)
     return config, experiment.ExperimentConfig(**settings)
 
 
@@ -223,7 +262,10 @@ def main(argv: list[str]) -> None:
         config, exp_config = make_configs()
         builder = AGENTS[_AGENT.value](config)
         exp_config.validate()
-        builder.validate(exp_config.num_learner_devices or 1, envs.env_spec(exp_config.env_id))
+        spec = envs.env_spec(exp_config.env_id)
+        builder.validate(exp_config.num_learner_devices or 1, spec)
+        if exp_config.learner_mode == "gorila":
+            gorila.check_agent(builder, spec)
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:

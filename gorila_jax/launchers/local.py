@@ -88,6 +88,14 @@ class LocalProgram(base.RunningProgram):
     def client(self, name: str) -> LocalClient:
         return LocalClient(self._slots[self.program.resolve_name(name)], self._executor)
 
+    def failures(self) -> dict[str, str]:
+        return {
+            slot.spec.name: slot.error for slot in self._slots.values() if slot.error is not None
+        }
+
+    def is_built(self, name: str) -> bool:
+        return self._slots[self.program.resolve_name(name)].built.is_set()
+
     def finished(self) -> bool:
         for slot in self._slots.values():
             if slot.error is not None:

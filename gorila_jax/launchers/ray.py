@@ -10,6 +10,8 @@ import logging
 import os
 import socket
 import threading
+import time
+import uuid
 from typing import Any
 
 import ray
@@ -32,6 +34,7 @@ class _NodeActor:
         self._node: Any = None
         self._error: BaseException | None = None
         self._built = threading.Event()
+        self._stopped = threading.Event()
 
     def construct(self, constructor, args: tuple, kwargs: dict) -> int:
         try:
@@ -57,7 +60,16 @@ class _NodeActor:
         if hasattr(node, "run"):
             node.run()
 
+    def watch(self) -> None:
+        """Returns when the node is stopped; fails (ActorDiedError) if its process dies first.
+
+        Every node has one pending, so the launcher sees a dead process even
+        for nodes without a `run` loop (the replay server).
+        """
+        self._stopped.wait()
+
     def stop(self) -> None:
+        self._stopped.set()
         if self._built.is_set() and hasattr(self._node, "stop"):
             self._node.stop()
 
@@ -66,64 +78,226 @@ class _NodeActor:
             self._node.close()
 
 
-class RayClient(program_lib.Client):
-    """Calls a node hosted by a Ray actor; picklable, so nodes pass it to each other."""
+# Client calls retried after a peer's death run here, so futures stay non-blocking.
+_retry_executor: concurrent.futures.ThreadPoolExecutor | None = None
+_retry_executor_lock = threading.Lock()
 
-    def __init__(self, node_name: str, actor: Any):
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _retry_executor
+    with _retry_executor_lock:
+        if _retry_executor is None:
+            _retry_executor = concurrent.futures.ThreadPoolExecutor(
+                16, thread_name_prefix="ray-client"
+            )
+        return _retry_executor
+
+
+class RayClient(program_lib.Client):
+    """Calls a node hosted by a Ray actor; picklable, so nodes pass it to each other.
+
+    With `reconnect_timeout_s` > 0, a call to a node whose process died waits
+    up to that long for the launcher to start its replacement (a named actor
+    of the same name), then goes to the replacement: the callers of a
+    restarted learner or replay reconnect by themselves.
+    """
+
+    def __init__(
+        self,
+        node_name: str,
+        actor: Any,
+        actor_name: str | None = None,
+        namespace: str | None = None,
+        reconnect_timeout_s: float = 0.0,
+    ):
         super().__init__(node_name)
         self._actor = actor
+        self._actor_name, self._namespace = actor_name, namespace
+        self._reconnect_timeout_s = reconnect_timeout_s
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        deadline = None
+        while True:
+            actor = self._actor
+            try:
+                return ray.get(actor.call.remote(method, args, kwargs))
+            except ray.exceptions.RayTaskError as error:
+                # Re-raise as the node's own exception type so callers can catch it.
+                raise error.as_instanceof_cause() from None
+            except ray.exceptions.RayActorError as error:
+                if not self._reconnect_timeout_s or self._actor_name is None:
+                    raise
+                if deadline is None:
+                    deadline = time.monotonic() + self._reconnect_timeout_s
+                    logging.warning("%s unreachable, waiting for its restart", self.node_name)
+                if time.monotonic() >= deadline:
+                    raise program_lib.NodeError(
+                        self.node_name,
+                        f"unreachable and not restarted within {self._reconnect_timeout_s}s: "
+                        f"{_first_line(error)}",
+                    ) from None
+                time.sleep(0.5)
+                self._actor = self._lookup(actor)
+
+    def _lookup(self, dead: Any) -> Any:
+        """The actor now carrying our node's name (the replacement, once it exists)."""
         try:
-            return ray.get(self._actor.call.remote(method, args, kwargs))
-        except ray.exceptions.RayTaskError as error:
-            # Re-raise as the node's own exception type so callers can catch it.
-            raise error.as_instanceof_cause() from None
+            return ray.get_actor(self._actor_name, namespace=self._namespace)
+        except ValueError:  # not (yet) created again
+            return dead
 
     def _submit(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
-        return self._actor.call.remote(method, args, kwargs).future()
+        future = self._actor.call.remote(method, args, kwargs).future()
+        if not self._reconnect_timeout_s:
+            return future
+        # Ray's own future while the node lives; a call that met a dead node
+        # is retried (waiting for the replacement) in a thread of this process.
+        outer: concurrent.futures.Future = concurrent.futures.Future()
+
+        def settle(done: concurrent.futures.Future) -> None:
+            error = done.exception()
+            if isinstance(error, ray.exceptions.RayActorError):
+                retry = _executor().submit(self._call, method, args, kwargs)
+                retry.add_done_callback(lambda again: _copy_outcome(again, outer))
+            else:
+                _copy_outcome(done, outer)
+
+        future.add_done_callback(settle)
+        return outer
+
+
+def _copy_outcome(source: concurrent.futures.Future, target: concurrent.futures.Future) -> None:
+    error = source.exception()
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
 
 
 class RayProgram(base.RunningProgram):
-    def __init__(self, program: program_lib.Program, owns_cluster: bool):
+    def __init__(
+        self, program: program_lib.Program, owns_cluster: bool, reconnect_timeout_s: float = 0.0
+    ):
         super().__init__(program)
         self._owns_cluster = owns_cluster
         self._stopped = False
-        remote_cls = ray.remote(max_concurrency=_MAX_CONCURRENCY)(_NodeActor)
-        self._actors = {}
+        self._reconnect_timeout_s = reconnect_timeout_s
+        self._remote_cls = ray.remote(max_concurrency=_MAX_CONCURRENCY)(_NodeActor)
+        # Named actors let clients find a restarted node; the id keeps two
+        # programs in one cluster apart.
+        self._namespace = ray.get_runtime_context().namespace
+        self._prefix = f"{program.name}-{uuid.uuid4().hex[:8]}"
+        self._actors: dict[str, Any] = {}
+        self._construct_refs: dict[str, Any] = {}
+        self._run_refs: dict[str, Any] = {}
+        self._watch_refs: dict[str, Any] = {}
         for spec in program.nodes:
-            resources = program.resources(spec.group)
-            self._actors[spec.name] = remote_cls.options(
-                num_cpus=resources.num_cpus, num_gpus=resources.num_gpus
-            ).remote(spec.name)
+            self._actors[spec.name] = self._create_actor(spec)
+        for spec in program.nodes:
+            self._start(spec, {})
+
+    def _create_actor(self, spec: program_lib.NodeSpec, timeout_s: float = 60.0) -> Any:
+        resources = self.program.resources(spec.group)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return self._remote_cls.options(
+                    name=self._actor_name(spec.name),
+                    namespace=self._namespace,
+                    **_actor_resources(resources),
+                ).remote(spec.name)
+            except ValueError:  # the name is still held by the killed predecessor
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _actor_name(self, name: str) -> str:
+        return f"{self._prefix}/{name}"
+
+    def _start(self, spec: program_lib.NodeSpec, overrides: dict) -> None:
+        actor = self._actors[spec.name]
         resolve = lambda handle: self.client(handle.name)  # noqa: E731
-        self._construct_refs = {
-            spec.name: self._actors[spec.name].construct.remote(
-                spec.constructor,
-                program_lib.map_handles(resolve, spec.args),
-                program_lib.map_handles(resolve, spec.kwargs),
-            )
-            for spec in program.nodes
-        }
-        self._run_refs = {
-            spec.name: self._actors[spec.name].run.remote()
-            for spec in program.nodes
-            if spec.run_enabled
-        }
+        kwargs = {**spec.kwargs, **overrides}
+        self._construct_refs[spec.name] = actor.construct.remote(
+            spec.constructor,
+            program_lib.map_handles(resolve, spec.args),
+            program_lib.map_handles(resolve, kwargs),
+        )
+        self._watch_refs[spec.name] = actor.watch.remote()
+        if spec.run_enabled:
+            self._run_refs[spec.name] = actor.run.remote()
 
     def client(self, name: str) -> RayClient:
         name = self.program.resolve_name(name)
-        return RayClient(name, self._actors[name])
+        return RayClient(
+            name,
+            self._actors[name],
+            self._actor_name(name),
+            self._namespace,
+            self._reconnect_timeout_s,
+        )
 
     def pids(self) -> dict[str, int]:
         """Process id of every node (blocks until all are built)."""
         return {name: self._get(name, ref) for name, ref in self._construct_refs.items()}
+
+    def process_ids(self) -> dict[str, int]:
+        """Process id of every node built so far (does not wait for the others)."""
+        names = {ref: name for name, ref in self._construct_refs.items()}
+        ready, _ = ray.wait(list(names), num_returns=len(names), timeout=0)
+        found = {}
+        for ref in ready:
+            try:
+                found[names[ref]] = ray.get(ref)
+            except ray.exceptions.RayError:
+                pass  # a failed node has no process to show
+        return found
 
     def _get(self, name: str, ref: Any) -> Any:
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as error:
             raise program_lib.NodeError(name, str(error)) from None
+
+    def is_built(self, name: str) -> bool:
+        ref = self._construct_refs[self.program.resolve_name(name)]
+        ready, _ = ray.wait([ref], timeout=0)
+        return bool(ready)
+
+    def failures(self) -> dict[str, str]:
+        refs = [
+            (name, ref)
+            for table in (self._construct_refs, self._run_refs, self._watch_refs)
+            for name, ref in table.items()
+        ]
+        ready, _ = ray.wait([ref for _, ref in refs], num_returns=len(refs), timeout=0)
+        ready = set(ready)
+        failed: dict[str, str] = {}
+        for name, ref in refs:
+            if ref in ready and name not in failed:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as error:
+                    failed[name] = _first_line(error)
+        return failed
+
+    def restart(self, name: str, kwargs: dict | None = None) -> None:
+        """Kills node `name`'s actor (if still alive) and starts a fresh one in its place.
+
+        The new actor has the same name, group resources and constructor
+        arguments (so the same seed offset and configuration), with `kwargs`
+        replacing some of them; clients with `reconnect_timeout_s` find it.
+        """
+        spec = self.program.node(name)
+        ray.kill(self._actors[spec.name], no_restart=True)
+        self._run_refs.pop(spec.name, None)
+        self._actors[spec.name] = self._create_actor(spec)
+        self._start(spec, kwargs or {})
 
     def finished(self) -> bool:
         refs = {**self._construct_refs, **self._run_refs}
@@ -158,6 +332,16 @@ class RayProgram(base.RunningProgram):
             ray.shutdown()
 
 
+def _actor_resources(resources: program_lib.Resources) -> dict[str, Any]:
+    """Ray actor options for a group's `Resources`."""
+    options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
+    if getattr(resources, "memory", 0):
+        options["memory"] = resources.memory
+    if getattr(resources, "custom", None):
+        options["resources"] = dict(resources.custom)
+    return options
+
+
 def _check_resources(program: program_lib.Program) -> None:
     """Fails fast when an existing cluster cannot host the program at all."""
     wanted = {"CPU": 0.0, "GPU": 0.0}
@@ -179,6 +363,7 @@ def launch(
     address: str | None = None,
     num_cpus: int | None = None,
     object_store_memory: int | None = None,
+    reconnect_timeout_s: float = 0.0,
 ) -> RayProgram:
     """Starts every node of `program` as a Ray actor.
 
@@ -189,12 +374,17 @@ def launch(
       num_cpus: logical CPUs of the private cluster; by default enough for the
         program's request (oversubscribing is fine on one machine).
       object_store_memory: bytes for the private cluster's object store.
+      reconnect_timeout_s: how long a call to a dead node waits for its
+        restart before it fails (`RayClient`); 0 fails at once.
     """
     if ray.is_initialized():
         owns_cluster = False
     elif address is None:
         wanted = sum(program.resources(spec.group).num_cpus for spec in program.nodes)
         ray.init(
+            # "local": always a private cluster; None would join one that
+            # `ray start` (or another test's Cluster) left on this machine.
+            address="local",
             num_cpus=num_cpus or max(os.cpu_count() or 1, int(wanted + 0.999)),
             object_store_memory=object_store_memory,
             include_dashboard=False,
@@ -207,7 +397,7 @@ def launch(
         owns_cluster = True  # our connection only; the cluster itself keeps running
     try:
         _check_resources(program)
-        return RayProgram(program, owns_cluster)
+        return RayProgram(program, owns_cluster, reconnect_timeout_s)
     except BaseException:
         if owns_cluster:
             ray.shutdown()

@@ -45,6 +45,11 @@ def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
         (["--learner_mode=hogwild"], "--learner_mode"),
         (["--compression=twobit"], "--compression"),
         (["--num_ps_shards=0"], "--num_ps_shards"),
+        (["--agent=ppo", "--learner_mode=gorila"], "learner_mode=gorila needs an agent"),
+        (
+            ["--agent=sac", "--env=Pendulum-v1", "--learner_mode=gorila"],
+            "learner_mode=gorila needs an agent",
+        ),
     ],
 )
 def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message):

@@ -1,0 +1,360 @@
+"""Node faults: heartbeats, dead and stalled nodes, restarts under the ray launcher.
+
+The supervisor's rules are checked on a fake program with a fake clock; the
+restarts themselves on real runs: real Ray processes killed with SIGKILL, a
+real actor hung inside its policy.
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+
+import pytest
+
+from agents import dqn
+from gorila_jax import checkpoint, experiment, launchers, monitor, program
+from tests import fakes
+from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
+
+# ---------------------------------------------------------------- the supervisor's rules
+
+
+class _FakeRunning:
+    """A launched program whose failures, build state and restarts the test sets."""
+
+    def __init__(self, graph: program.Program):
+        self.program = graph
+        self.failed: dict[str, str] = {}
+        self.built: set[str] = {spec.name for spec in graph.nodes}
+        self.restarted: list[tuple[str, dict]] = []
+
+    def failures(self) -> dict[str, str]:
+        return dict(self.failed)
+
+    def is_built(self, name: str) -> bool:
+        return name in self.built
+
+    def restart(self, name: str, kwargs: dict) -> None:
+        self.restarted.append((name, kwargs))
+        self.failed.pop(name, None)
+        self.built.discard(name)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _FakeMonitor:
+    """Heartbeats stamped with the test's clock (the real monitor stamps with its own)."""
+
+    def __init__(self, clock: _Clock):
+        self._clock = clock
+        self._beats: dict[str, tuple[float, dict]] = {}
+        self.restarted: list[str] = []
+
+    def beat(self, name: str, **counters) -> None:
+        self._beats[name] = (self._clock.now, counters)
+
+    def node_status(self) -> dict:
+        return {
+            name: {"since_report_s": self._clock.now - t, "counters": c, "pid": 1}
+            for name, (t, c) in self._beats.items()
+        }
+
+    def record_restart(self, name: str, reason: str) -> None:
+        self.restarted.append(name)
+        self._beats.pop(name, None)
+
+
+def _supervised(max_restarts=2, heartbeat_timeout_s=3.0, stall_timeout_s=5.0):
+    """A server node (not restartable) and two restartable workers, supervised."""
+    graph = program.Program("supervised")
+    with graph.group("server", program.Resources(num_cpus=0)):
+        graph.add_node(fakes.Counter)
+    with graph.group("worker", program.Resources(num_cpus=0)):
+        for _ in range(2):
+            handle = graph.add_node(fakes.Counter)
+            graph.node(handle.name).restartable(lambda counters: {"restored": dict(counters)})
+    running, clock = _FakeRunning(graph), _Clock()
+    hub = _FakeMonitor(clock)
+    supervisor = monitor.Supervisor(
+        running, hub, heartbeat_timeout_s, stall_timeout_s, max_restarts, 30.0, clock
+    )
+    return running, clock, hub, supervisor
+
+
+def test_a_dead_node_is_restarted_with_its_last_counters_until_max_restarts():
+    running, clock, hub, supervisor = _supervised(max_restarts=2)
+    hub.beat("worker/0", steps=7)
+    assert supervisor.check() == []
+    running.failed["worker/0"] = "ActorDiedError: killed"
+    (line,) = supervisor.check()
+    assert "worker/0" in line and "died" in line
+    assert running.restarted == [("worker/0", {"restored": {"steps": 7}})]
+    assert hub.restarted == ["worker/0"]
+    for why in ("killed again", "and again"):
+        running.built.add("worker/0")
+        running.failed["worker/0"] = f"ActorDiedError: {why}"
+        if why == "killed again":
+            supervisor.check()
+    with pytest.raises(monitor.RunFailed, match="worker/0 died.*and again.*max_restarts=2"):
+        supervisor.check()
+    assert len(running.restarted) == 2
+
+
+def test_a_silent_node_is_declared_dead_after_the_heartbeat_timeout():
+    running, clock, hub, supervisor = _supervised(heartbeat_timeout_s=3.0, stall_timeout_s=0)
+    hub.beat("worker/0", steps=1)
+    supervisor.check()
+    clock.now = 2.9
+    assert supervisor.check() == []
+    clock.now = 3.5
+    (line,) = supervisor.check()
+    assert "silent" in line and running.restarted[0][0] == "worker/0"
+    # The replacement's timeout counts from when it is built, not from the old beat.
+    clock.now = 5.0
+    running.built.add("worker/0")
+    assert supervisor.check() == []
+    clock.now = 7.9
+    assert supervisor.check() == []
+    clock.now = 8.5
+    assert "silent" in supervisor.check()[0]
+
+
+def test_a_node_that_beats_without_progress_while_others_progress_is_stalled():
+    running, clock, hub, supervisor = _supervised(stall_timeout_s=5.0)
+    for t in range(0, 8):
+        clock.now = float(t)
+        hub.beat("worker/0", steps=min(t, 2))  # stuck at 2 steps from t=2 on, still beating
+        hub.beat("worker/1", steps=t)
+        assert supervisor.check() == [], f"blamed too early, at t={t}"
+    clock.now = 8.0
+    hub.beat("worker/0", steps=2)
+    hub.beat("worker/1", steps=8)
+    (line,) = supervisor.check()
+    assert "worker/0" in line and "stalled" in line
+    assert running.restarted == [("worker/0", {"restored": {"steps": 2}})]
+
+
+def test_nobody_is_blamed_while_the_whole_program_stands_still():
+    # A learner compiling, actors held by the rate limiter: all flat at once.
+    running, clock, hub, supervisor = _supervised(stall_timeout_s=5.0)
+    for t in range(0, 20):
+        clock.now = float(t)
+        hub.beat("worker/0", steps=min(t, 2))
+        hub.beat("worker/1", steps=min(t, 2))
+        assert supervisor.check() == []
+    assert running.restarted == []
+
+
+def test_a_failed_node_that_cannot_be_restarted_fails_the_run_with_its_reason():
+    running, _, _, supervisor = _supervised()
+    running.failed["server/0"] = "ValueError: boom"
+    with pytest.raises(monitor.RunFailed, match="server/0 died.*boom.*cannot be restarted"):
+        supervisor.check()
+
+
+def test_the_local_launcher_fails_the_run_instead_of_restarting():
+    graph = program.Program("local")
+    with graph.group("worker", program.Resources(num_cpus=0)):
+        handle = graph.add_node(fakes.Failing)
+    graph.node(handle.name).restartable(lambda counters: {})
+    with launchers.launch(graph, "local") as running:
+        supervisor = monitor.Supervisor(running, monitor.MonitorNode(), 3.0, 5.0, max_restarts=3)
+        assert fakes.wait_until(lambda: running.failures(), timeout_s=30)
+        expected = "(?s)worker/0 died.*boom.*cannot restart nodes"
+        with pytest.raises(monitor.RunFailed, match=expected):
+            supervisor.check()
+
+
+# ---------------------------------------------------------------- real faults under Ray
+
+_RAY_SETTINGS = dict(
+    launcher="ray",
+    num_actors=2,
+    learner_cpus=0.5,
+    replay_cpus=0.5,
+    cpus_per_actor=0.5,
+    eval_interval_s=0.0,
+    checkpoint_interval_steps=0,
+    heartbeat_interval_s=0.5,
+    heartbeat_timeout_s=3.0,
+    log_interval_s=0.5,
+)
+
+
+def _node_status(logdir) -> dict:
+    try:
+        with open(os.path.join(logdir, experiment.NODE_STATUS_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _env_steps(logdir, node: str) -> int:
+    return int(_node_status(logdir).get(node, {}).get("counters", {}).get("env_steps", 0))
+
+
+def _run_with(builder, cfg, ray_options, scenario) -> tuple[dict, dict]:
+    """Runs the experiment here while `scenario()` hurts its nodes from a thread.
+
+    When the scenario returns (its observations), it stops the run with
+    SIGTERM, as a scheduler would: the run ends cleanly and writes its summary.
+    """
+    seen: dict = {}
+    run_over = threading.Event()
+
+    def play():
+        try:
+            seen.update(scenario())
+        except BaseException as error:  # noqa: BLE001  reported by the assertions below
+            seen["error"] = error
+        finally:
+            if not run_over.is_set():  # never signal a test session that moved on
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    thread = threading.Thread(target=play, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            experiment.run_experiment(builder, cfg, **ray_options)
+    finally:
+        run_over.set()
+    thread.join(30)
+    if "error" in seen:
+        raise seen["error"]
+    with open(os.path.join(cfg.logdir, "summary.json")) as f:
+        return json.load(f), seen
+
+
+def _replaced_and_acting(logdir, node: str, old_pid: int, env_steps: int) -> bool:
+    status = _node_status(logdir).get(node, {})
+    return status.get("pid") not in (None, old_pid) and _env_steps(logdir, node) > env_steps
+
+
+@pytest.mark.slow
+def test_kill_9_of_an_actor_process_is_restarted_and_env_steps_keep_growing(tmp_path, ray_options):
+    # One actor: every env step after the kill comes from its replacement.
+    cfg = _experiment(tmp_path, total_env_steps=10**9, **{**_RAY_SETTINGS, "num_actors": 1})
+
+    def kill_actor():
+        assert fakes.wait_until(lambda: _env_steps(tmp_path, "actor/0") > 300, timeout_s=180)
+        status = _node_status(tmp_path)["actor/0"]
+        killed_at = int(status["counters"]["env_steps"])
+        os.kill(status["pid"], signal.SIGKILL)
+        replaced = fakes.wait_until(
+            lambda: _replaced_and_acting(tmp_path, "actor/0", status["pid"], killed_at + 300),
+            timeout_s=180,
+        )
+        return {"killed_at": killed_at, "replaced": replaced}
+
+    summary, seen = _run_with(dqn.DQNBuilder(CONFIG), cfg, ray_options, kill_actor)
+    assert seen["replaced"], "no replacement of actor/0 acted within the timeout"
+    (restart,) = summary["restarts"]
+    assert restart["node"] == "actor/0" and "died" in restart["reason"]
+    # The replacement continued the killed actor's counters, then acted on.
+    assert summary["env_steps"] > seen["killed_at"] + 300
+    rows = _csv_rows(tmp_path)
+    for column in ("env_steps", "learner_steps"):
+        values = [row[column] for row in rows]
+        assert values == sorted(values), f"{column} went backwards after the kill"
+
+
+@dataclasses.dataclass(frozen=True)
+class HangingActorBuilder(dqn.DQNBuilder):
+    """DQN whose actor/0 hangs forever in its policy once, after `hang_after` env steps.
+
+    The marker file makes only the first incarnation hang: its replacement
+    (which continues the env-step count) acts normally.
+    """
+
+    marker: str = ""
+    hang_after: int = 400
+
+    def make_policy(self, spec, actor_index, num_actors, evaluation):
+        act = super().make_policy(spec, actor_index, num_actors, evaluation)
+        if evaluation or actor_index != 0:
+            return act
+        marker, hang_after = self.marker, self.hang_after
+
+        def policy(params, observation, key, env_steps):
+            if env_steps >= hang_after and not os.path.exists(marker):
+                open(marker, "w").close()
+                threading.Event().wait()  # a hung environment: alive, never returns
+            return act(params, observation, key, env_steps)
+
+        return policy
+
+
+@pytest.mark.slow
+def test_a_hung_actor_is_detected_as_stalled_and_replaced(tmp_path, ray_options):
+    marker = str(tmp_path / "hung")
+    logdir = tmp_path / "run"
+    builder = HangingActorBuilder(CONFIG, marker=marker)
+    cfg = _experiment(logdir, total_env_steps=10**9, stall_timeout_s=4.0, **_RAY_SETTINGS)
+
+    def wait_for_replacement():
+        assert fakes.wait_until(lambda: os.path.exists(marker), timeout_s=180)
+        hung = _node_status(logdir)["actor/0"]
+        replaced = fakes.wait_until(
+            lambda: _replaced_and_acting(
+                logdir, "actor/0", hung["pid"], hung["counters"]["env_steps"] + 100
+            ),
+            timeout_s=180,
+        )
+        return {"replaced": replaced}
+
+    summary, seen = _run_with(builder, cfg, ray_options, wait_for_replacement)
+    assert seen["replaced"], "the hung actor/0 was not replaced by one that acts"
+    (restart,) = summary["restarts"]
+    assert restart["node"] == "actor/0" and "stalled" in restart["reason"]
+
+
+def _learner_steps(logdir) -> int:
+    return int(
+        _node_status(logdir).get("learner/0", {}).get("counters", {}).get("learner_steps", 0)
+    )
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_learner_restarts_it_from_its_newest_checkpoint(tmp_path, ray_options):
+    settings = {**_RAY_SETTINGS, "num_actors": 1, "checkpoint_interval_steps": 40}
+    cfg = _experiment(tmp_path, total_env_steps=10**9, **settings)
+
+    def kill_learner():
+        assert fakes.wait_until(
+            lambda: _learner_steps(tmp_path) > 100 and checkpoint.saved_steps(tmp_path),
+            timeout_s=240,
+        )
+        status = _node_status(tmp_path)["learner/0"]
+        newest = checkpoint.saved_steps(tmp_path)[-1]
+        os.kill(status["pid"], signal.SIGKILL)
+        killed_at = int(status["counters"]["learner_steps"])
+        replaced = fakes.wait_until(
+            lambda: (
+                _node_status(tmp_path).get("learner/0", {}).get("pid") not in (None, status["pid"])
+                and _learner_steps(tmp_path) > killed_at + 40
+            ),
+            timeout_s=240,
+        )
+        return {"killed_at": killed_at, "newest": newest, "replaced": replaced}
+
+    summary, seen = _run_with(dqn.DQNBuilder(CONFIG), cfg, ray_options, kill_learner)
+    assert seen["replaced"], "no replacement learner stepped within the timeout"
+    (restart,) = summary["restarts"]
+    assert restart["node"] == "learner/0" and "died" in restart["reason"]
+    learner_status = _node_status(tmp_path)["learner/0"]["counters"]
+    assert learner_status["started_from_step"] >= seen["newest"] > 0
+    assert summary["learner_steps"] > seen["killed_at"] + 40
+    rows = _csv_rows(tmp_path)
+    for column in ("env_steps", "learner_steps"):
+        values = [row[column] for row in rows]
+        assert values == sorted(values), f"{column} went backwards after the kill"
+    # It went on checkpointing after the restart.
+    assert checkpoint.saved_steps(tmp_path)[-1] > seen["killed_at"]

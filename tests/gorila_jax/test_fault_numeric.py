@@ -1,0 +1,198 @@
+"""Numerical faults in the synchronous learner: skipped updates, rollback, lower learning rate."""
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+import reverb
+
+from agents import dqn
+from gorila_jax import builder as builder_lib
+from gorila_jax import learner, parallel, replay
+from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
+
+
+def _guarded(num_devices: int, cfg=TINY):
+    builder = dqn.DQNBuilder(cfg)
+    devices = jax.devices()[:num_devices]
+    step = parallel.pmap_step(
+        learner.make_guarded_step(builder.update_fns(SPEC), builder.actor_params),
+        devices,
+        out_axes=(0, 0, 0, None),
+        donate_state=False,  # the test compares the old state with the new one
+    )
+    state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), devices)
+    return step, state, parallel.replicate(learner.init_guard(), devices)
+
+
+def _nan_batch(seed: int) -> builder_lib.SampledBatch:
+    batch = _random_batch(seed)
+    reward = batch.data.reward.copy()
+    reward[3] = np.nan  # one corrupted item poisons the whole loss
+    return batch._replace(data=batch.data._replace(reward=reward))
+
+
+def _bits(tree) -> list[bytes]:
+    return [np.asarray(leaf).tobytes() for leaf in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("num_devices", [1, 4])
+def test_a_nan_batch_is_skipped_with_the_state_bit_identical(num_devices):
+    step, state, guard = _guarded(num_devices)
+    state, guard, _, _ = step(state, guard, parallel.shard(_random_batch(0), num_devices))
+    before = jax.device_get(state)
+
+    state, guard, info, _ = step(state, guard, parallel.shard(_nan_batch(1), num_devices))
+    assert _bits(jax.device_get(state)) == _bits(before), "a skipped update changed the state"
+    assert int(guard.skipped_steps[0]) == 1 and int(guard.streak[0]) == 1
+    assert float(info.metrics["nonfinite_skipped_steps"][0]) == 1.0
+    assert np.isnan(np.asarray(info.priorities)).all(), "its priorities must not reach replay"
+
+    state, guard, info, _ = step(state, guard, parallel.shard(_random_batch(2), num_devices))
+    assert _bits(jax.device_get(state)) != _bits(before), "a finite update after it applies"
+    assert int(guard.skipped_steps[0]) == 1 and int(guard.streak[0]) == 0
+    assert np.isfinite(np.asarray(info.priorities)).all()
+
+
+def test_the_learning_rate_scale_shortens_each_parameter_step():
+    step, state, guard = _guarded(1)
+    batch = parallel.shard(_random_batch(0), 1)
+    full, _, _, _ = step(state, guard, batch)
+    half, _, _, _ = step(state, guard._replace(lr_scale=guard.lr_scale * 0.5), batch)
+    start = jax.device_get(state.params)
+    moved_full = jax.tree.map(lambda new, old: new - old, jax.device_get(full.params), start)
+    moved_half = jax.tree.map(lambda new, old: new - old, jax.device_get(half.params), start)
+    for a, b in zip(jax.tree.leaves(moved_half), jax.tree.leaves(moved_full)):
+        np.testing.assert_allclose(a, 0.5 * b, rtol=1e-4, atol=1e-7)
+    assert any(np.abs(b).max() > 0 for b in jax.tree.leaves(moved_full))
+
+
+def test_non_finite_priorities_are_dropped_and_the_items_keep_their_old_ones():
+    table = reverb.Table(
+        "t",
+        sampler=reverb.selectors.Prioritized(1.0),
+        remover=reverb.selectors.Fifo(),
+        max_size=10,
+        rate_limiter=reverb.rate_limiters.MinSize(1),
+    )
+    server = reverb.Server([table])
+    client = server.localhost_client()
+    try:
+        for value in range(2):
+            client.insert(np.float32(value), {"t": 1.0})
+        items = list(client.sample("t", num_samples=50))
+        # uint64 as the learner holds them: a plain list of such large ints becomes float64.
+        keys = np.unique(np.array([sample[0].info.key for sample in items], np.uint64))
+        assert keys.size == 2
+        updater = replay.PriorityUpdater(client, "t")
+        updater.submit(keys, np.array([np.nan, 5.0]))
+        updater.close()
+        samples = [s[0].info for s in client.sample("t", num_samples=400)]
+        priorities = {int(s.key): float(s.priority) for s in samples}
+        assert priorities == {int(keys[0]): 1.0, int(keys[1]): 5.0}
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------- rollback on a real learner
+
+CONFIG = dataclasses.replace(
+    dqn.DQNConfig(),
+    hidden_sizes=(32, 32),
+    batch_size=32,
+    min_replay_size=64,
+    max_replay_size=5_000,
+    samples_per_insert=2.0,
+)
+
+
+class _NanBatches:
+    """Stands in for the learner's prefetcher: real sampled batches with one NaN reward."""
+
+    def __init__(self, real: learner.DevicePrefetcher, devices):
+        self._real, self._devices = real, devices
+
+    def get(self, timeout: float):
+        item = self._real.get(timeout)
+        if item is None:
+            return None
+        keys, on_device = item
+        batch = jax.device_get(parallel.unshard(on_device))
+        reward = np.array(batch.data.reward)
+        reward[0] = np.nan
+        batch = batch._replace(data=batch.data._replace(reward=reward))
+        return keys, parallel.shard_to_devices(batch, self._devices)
+
+
+def _fill(server_address: str, builder, count: int) -> None:
+    codec = builder.item_codec(SPEC)
+    items = codec.encode(_random_batch(0, size=count).data)
+    with reverb.Client(server_address).trajectory_writer(1) as writer:
+        for row in items:
+            writer.append({"item": row})
+            writer.create_item(dqn.builder.TABLE, 1.0, writer.history["item"][-1])
+        writer.flush()
+
+
+def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate(tmp_path):
+    builder = dqn.DQNBuilder(CONFIG)
+    replay_node = replay.ReplayNode(
+        functools.partial(builder.replay_tables, SPEC), checkpoint_dir=str(tmp_path / "replay")
+    )
+    node = learner.LearnerNode(
+        builder,
+        SPEC,
+        replay_node,
+        None,
+        0,
+        num_devices=2,
+        checkpoint_dir=str(tmp_path / "learner"),
+        max_nonfinite_steps=3,
+        rollback_lr_factor=0.5,
+    )
+    try:
+        _fill(replay_node.address(), builder, 300)  # below the rate limiter's insert cap
+        for _ in range(5):
+            assert node.step(timeout=60)
+        saved_at = node.save_checkpoint()
+        saved_version, saved_params = node.get_params()
+        for _ in range(3):
+            assert node.step(timeout=60)
+        assert _bits(node.get_params()[1]) != _bits(saved_params)
+        node._prefetcher = _NanBatches(node._prefetcher, node._devices)
+        steps_before = node.get_params()[0]
+        for _ in range(3):  # three skips in a row; the third is seen one step late
+            assert node.step(timeout=60)
+        assert node.numeric_status()["rollbacks"] == 0
+        assert node.step(timeout=60)
+        status = node.numeric_status()
+        assert status["rollbacks"] == 1 and status["lr_scale"] == 0.5
+        assert status["streak"] == 0 and status["skipped_steps"] >= 3
+        version, params = node.get_params()
+        assert _bits(params) == _bits(saved_params), "not the checkpoint's parameters"
+        assert version > steps_before > saved_version == saved_at, "learner steps went back"
+    finally:
+        node.stop()
+        node.close()
+        replay_node.close()
+
+
+def test_without_a_checkpoint_the_rollback_fails_with_the_reason(tmp_path):
+    builder = dqn.DQNBuilder(CONFIG)
+    replay_node = replay.ReplayNode(functools.partial(builder.replay_tables, SPEC))
+    node = learner.LearnerNode(
+        builder, SPEC, replay_node, None, 0, num_devices=1, max_nonfinite_steps=2
+    )
+    try:
+        _fill(replay_node.address(), builder, 300)
+        assert node.step(timeout=60)
+        node._prefetcher = _NanBatches(node._prefetcher, node._devices)
+        with pytest.raises(learner.NumericalFault, match="2 consecutive non-finite.*no checkpoint"):
+            for _ in range(4):
+                node.step(timeout=60)
+    finally:
+        node.stop()
+        node.close()
+        replay_node.close()
