@@ -8,10 +8,9 @@ from typing import Any
 
 import jax
 import numpy as np
-import reverb
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, parameter_server, program, types, writers
+from gorila_jax import envs, parameter_server, program, replay, types, writers
 from gorila_jax import monitor as monitor_lib
 
 
@@ -125,6 +124,7 @@ class ActorNode(program.Worker):
         env_key = jax.random.fold_in(self._key, self.env_steps) if self.env_steps else self._key
         self._env_seed = int(jax.random.randint(env_key, (), 0, 2**31 - 1))
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
+        self._replay_node = replay_client
         self._replay_address = replay_client.address()
         self.param_version = -1
         self.episodes = EpisodeTracker(num_envs, int(restored_counters.get("episodes", 0)))
@@ -138,9 +138,9 @@ class ActorNode(program.Worker):
         env = envs.make_env(
             self._spec.env_id, self._num_envs, seed=self._env_seed, num_threads=self._env_threads
         )
-        adder = self._builder.make_adder(
-            reverb.Client(self._replay_address), self._spec, self._num_envs, self._stop_event
-        )
+        # A ReplayClient: the writer finds a replay node restarted at another address.
+        client = replay.ReplayClient(self._replay_node, self._replay_address)
+        adder = self._builder.make_adder(client, self._spec, self._num_envs, self._stop_event)
         puller = ParameterPuller(self._learner, self._pull_interval)
         obs, _ = env.reset()
         valid = np.ones(self._num_envs, bool)

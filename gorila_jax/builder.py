@@ -63,11 +63,17 @@ class UpdateFns(NamedTuple):
       step is more than one gradient (PPO's epochs of minibatches) gives its
       whole step here; the synchronous learner then runs it instead of the
       pair above, and Gorila mode, which needs the pair, refuses the agent.
+    track_grads(state, grads) -> state: optional. The part of `apply_grads`
+      that stays with a Gorila worker when the shards apply the gradient:
+      fp16's dynamic loss scale, which must grow after finite gradients and
+      shrink after overflows. Without it a worker only runs `apply_grads` on
+      overflowed gradients (a skipped step), so its loss scale never grows.
     """
 
     compute_grads: Callable[[Any, SampledBatch], tuple[Any, StepInfo]] | None
     apply_grads: Callable[[Any, Any], Any] | None
     update: Callable[[Any, SampledBatch], tuple[Any, StepInfo]] | None = None
+    track_grads: Callable[[Any, Any], Any] | None = None
 
 
 def initial_train_state(builder: "AgentBuilder", spec: types.EnvSpec, seed: int) -> Any:

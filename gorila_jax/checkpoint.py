@@ -316,15 +316,30 @@ def read_config(logdir: str) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not valid JSON: {error}") from None
 
 
-def config_from_dict(config_cls: type, values: dict[str, Any]) -> Any:
-    """A config dataclass from its `asdict` form; JSON turned its tuples into lists."""
+def config_from_dict(config_cls: type, values: dict[str, Any], source: str = "config") -> Any:
+    """A config dataclass from its `asdict` form; JSON turned its tuples into lists.
+
+    Fields missing from `values` take the class's defaults (a field added
+    since the file was written).
+
+    Raises:
+      ValueError: naming `source` and every field that `config_cls` does not
+        have (a typo, or a file of another version of the agent). Ignoring
+        them would rebuild an agent other than the one that was trained.
+    """
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"{source}: expected a mapping of {config_cls.__name__} fields, got "
+            f"{type(values).__name__}"
+        )
     names = {field.name for field in dataclasses.fields(config_cls)}
     unknown = sorted(set(values) - names)
     if unknown:
-        logging.warning(
-            "ignoring saved %s fields it no longer has: %s", config_cls.__name__, unknown
+        raise ValueError(
+            f"{source} has fields that {config_cls.__name__} does not know: "
+            f"{', '.join(unknown)} (known: {', '.join(sorted(names))})"
         )
-    return config_cls(**{k: _tuples(v) for k, v in values.items() if k in names})
+    return config_cls(**{k: _tuples(v) for k, v in values.items()})
 
 
 def _tuples(value: Any) -> Any:

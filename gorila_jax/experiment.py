@@ -11,11 +11,13 @@ import threading
 import time
 from typing import Any, Iterator
 
+import portpicker
+
 
 from gorila_jax import actor, checkpoint, envs, evaluation, launchers, learner, metrics, monitor
 from gorila_jax import builder as builder_lib
 from gorila_jax import program as program_lib
-from gorila_jax import compression, gorila, parameter_server, replay, types
+from gorila_jax import compression, gorila, multihost, parameter_server, replay, types
 
 
 LEARNER_MODES = ("sync", "gorila")
@@ -47,7 +49,9 @@ class ExperimentConfig:
       log_interval_s: seconds between progress lines and metric rows.
       checkpoint_interval_steps: learner steps between checkpoints of learner
         and replay (in `<logdir>/checkpoints`); one more is taken when the run
-        stops. 0 disables checkpoints.
+        stops. 0 disables checkpoints. It bounds what a crash loses: a
+        restarted replay node restores the newest replay checkpoint, so the
+        items written since it (about this many learner steps' worth) are lost.
       max_checkpoints_to_keep: older checkpoints are deleted. A replay
         checkpoint holds the whole buffer (gigabytes for Atari).
       resume: continue the run in `logdir` from its newest usable checkpoint.
@@ -83,6 +87,15 @@ class ExperimentConfig:
         scale by this (`learner.scale_update`).
       rollback_param_noise: standard deviation of Gaussian noise added to the
         trainable parameters after a rollback (the brief suggests 0.01); 0: none.
+      num_learner_hosts: learner processes, one per host, that run every update
+        together over all their devices (`jax.distributed`; the learner
+        group's nodes learner/0 .. learner/H-1, spread over Ray nodes). Needs
+        launcher=ray, learner_mode=sync and (for now) checkpoint_interval_steps=0
+        when above 1. Such a learner is not restarted: losing one of its
+        processes fails the run.
+      replay_port: the Reverb server's port; 0 picks a free one at launch. The
+        port stays the same when the replay node is restarted, so writers and
+        samplers find it again. Reverb listens on every interface of its host.
     """
 
     env_id: str = "CartPole-v1"
@@ -126,11 +139,12 @@ class ExperimentConfig:
     max_nonfinite_steps: int = 10
     rollback_lr_factor: float = 0.5
     rollback_param_noise: float = 0.0
+    replay_port: int = 0
+    num_learner_hosts: int = 1
 
     @property
     def saves_checkpoints(self) -> bool:
-        # Gorila mode's state lives in shards and workers: not checkpointed yet.
-        return self.checkpoint_interval_steps > 0 and self.learner_mode == "sync"
+        return self.checkpoint_interval_steps > 0
 
     def validate(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
@@ -148,6 +162,7 @@ class ExperimentConfig:
             "async_update",
             "heartbeat_interval_s",
             "startup_timeout_s",
+            "num_learner_hosts",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -189,10 +204,24 @@ class ExperimentConfig:
                 f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed twice "
                 f"heartbeat_interval_s ({self.heartbeat_interval_s}), or one late beat kills a node"
             )
+        if self.num_learner_hosts > 1 and self.launcher != "ray":
+            raise ValueError(
+                f"num_learner_hosts={self.num_learner_hosts} needs launcher=ray (a process per "
+                f"learner host), got launcher={self.launcher!r}"
+            )
+        if self.num_learner_hosts > 1 and self.learner_mode != "sync":
+            raise ValueError(
+                f"num_learner_hosts={self.num_learner_hosts} needs learner_mode=sync, "
+                f"got learner_mode={self.learner_mode!r}"
+            )
+        if self.num_learner_hosts > 1 and self.checkpoint_interval_steps:
+            raise ValueError(
+                f"num_learner_hosts={self.num_learner_hosts}: {learner.MULTIHOST_CHECKPOINTS}"
+            )
+        if not 0 <= self.replay_port < 65536:
+            raise ValueError(f"replay_port must be in 0..65535, got {self.replay_port}")
         if not 0 < self.rollback_lr_factor <= 1:
             raise ValueError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
-        if self.learner_mode == "gorila" and self.resume:
-            raise ValueError("resume: Gorila mode does not checkpoint yet (learner_mode=sync does)")
         if self.resume and not self.checkpoint_interval_steps:
             raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
         if self.resume and not checkpoint.saved_steps(self.logdir):
@@ -222,35 +251,72 @@ def make_program(
         replay_node = program.add_node(
             replay.ReplayNode,
             functools.partial(builder.replay_tables, spec),
+            # One port for the whole run: a restarted replay serves at the same
+            # address, and Reverb's clients reconnect to it by themselves.
+            port=cfg.replay_port or portpicker.pick_unused_port(),
             checkpoint_dir=checkpoint.replay_dir(cfg.logdir) if saving else None,
             restore_step=restore_step,
         )
+    program.node(replay_node.name).restartable(functools.partial(_restart_replay, saving))
     with program.group("monitor", no_cpu):
         monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
+    restored_counters = meta.get("node_counters", {})
     if cfg.learner_mode == "gorila":
-        shards = gorila.add_nodes(program, builder, cfg, spec, replay_node, monitor_node)
-        _add_actors_and_evaluator(program, builder, cfg, spec, replay_node, shards, monitor_node)
-        return program
-    with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
-        learner_node = program.add_node(
-            learner.LearnerNode,
+        shards = gorila.add_nodes(
+            program,
             builder,
+            cfg,
             spec,
             replay_node,
             monitor_node,
-            cfg.seed,
-            num_devices=cfg.num_learner_devices,
             checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
-            checkpoint_interval_steps=cfg.checkpoint_interval_steps,
-            max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
             restore_step=restore_step,
-            tf32=cfg.tf32,
-            report_interval_s=cfg.heartbeat_interval_s,
-            max_nonfinite_steps=cfg.max_nonfinite_steps,
-            rollback_lr_factor=cfg.rollback_lr_factor,
-            rollback_param_noise=cfg.rollback_param_noise,
+            restored_counters=restored_counters,
         )
-    program.node(learner_node.name).restartable(functools.partial(_restart_learner, saving))
+        _add_actors_and_evaluator(
+            program, builder, cfg, spec, replay_node, shards, monitor_node, restored_counters
+        )
+        return program
+    multihost_kwargs = [{}]
+    if cfg.num_learner_hosts > 1:
+        with program.group("learner_rendezvous", no_cpu):
+            rendezvous = program.add_node(multihost.Rendezvous)
+        multihost_kwargs = [
+            dict(
+                num_learner_hosts=cfg.num_learner_hosts,
+                learner_process_id=process_id,
+                rendezvous=rendezvous,
+            )
+            for process_id in range(cfg.num_learner_hosts)
+        ]
+    with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
+        learner_nodes = [
+            program.add_node(
+                learner.LearnerNode,
+                builder,
+                spec,
+                replay_node,
+                monitor_node,
+                cfg.seed,
+                num_devices=cfg.num_learner_devices,
+                checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
+                checkpoint_interval_steps=cfg.checkpoint_interval_steps,
+                max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
+                restore_step=restore_step,
+                tf32=cfg.tf32,
+                report_interval_s=cfg.heartbeat_interval_s,
+                max_nonfinite_steps=cfg.max_nonfinite_steps,
+                rollback_lr_factor=cfg.rollback_lr_factor,
+                rollback_param_noise=cfg.rollback_param_noise,
+                **kwargs,
+            )
+            for kwargs in multihost_kwargs
+        ]
+    learner_node = learner_nodes[0]  # the chief: actors and evaluator read its parameters
+    if cfg.num_learner_hosts == 1:
+        # A multi-host learner is not restarted: one replaced process cannot rejoin
+        # the others' jax.distributed job, so losing one fails the run.
+        program.node(learner_node.name).restartable(functools.partial(_restart_learner, saving))
     _add_actors_and_evaluator(
         program,
         builder,
@@ -259,7 +325,7 @@ def make_program(
         replay_node,
         learner_node,
         monitor_node,
-        meta.get("node_counters", {}),
+        restored_counters,
     )
     return program
 
@@ -308,7 +374,17 @@ def _add_actors_and_evaluator(
             )
             # A replacement acts with the same index (seed offset) and config,
             # and continues the counters (and exploration schedule) it reported last.
-            program.node(handle.name).restartable(_continue_counters)
+            program.node(handle.name).restartable(monitor.continue_counters)
+
+
+def _restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
+    """A replacement replay restores its newest intact checkpoint (or starts empty).
+
+    It loses the items written since that checkpoint: at most
+    `checkpoint_interval_steps` learner steps' worth of inserts.
+    """
+    del counters  # the replay sends no heartbeats: its state is its checkpoint
+    return {"restore_step": replay.NEWEST if saving else None}
 
 
 def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
@@ -317,10 +393,6 @@ def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]
         "restore_step": learner.NEWEST if saving else None,
         "restored_counters": counters,
     }
-
-
-def _continue_counters(counters: dict[str, float]) -> dict[str, Any]:
-    return {"restored_counters": {name: int(value) for name, value in counters.items()}}
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -455,7 +527,8 @@ def _write_node_status(
 
 
 def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
-    """Stops actors and evaluator, then the learner, whose `run` ends with the final checkpoint.
+    """Stops actors and evaluator, then the learner (or the Gorila workers), whose `run`
+    ends with the final checkpoint.
 
     Stopped actors insert nothing more and have reported their last counters,
     so the final replay checkpoint and the counters saved with it agree.
@@ -468,12 +541,13 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
     for node in actors:
         _wait_finished(running, node)
     if cfg.learner_mode == "gorila":
-        for index in range(cfg.num_learners):
-            running.client(f"gradient_worker/{index}").stop()
-        return
-    learner_client = running.client("learner")
-    learner_client.stop()
-    _wait_finished(running, learner_client)
+        learners = [running.client(f"gradient_worker/{i}") for i in range(cfg.num_learners)]
+    else:
+        learners = [running.client(spec.name) for spec in running.program.groups["learner"]]
+    for node in learners:
+        node.stop()
+    for node in learners:
+        _wait_finished(running, node)
 
 
 def _final_params(
@@ -485,7 +559,7 @@ def _final_params(
         return parameter_server.sharded_parameters(
             shards, builder, spec, cfg.seed, "driver"
         ).get_params()
-    return running.client("learner").get_params()
+    return running.client("learner/0").get_params()  # the chief of a multi-host learner
 
 
 def _wait_finished(running: Any, node: program_lib.Client) -> None:
@@ -508,13 +582,11 @@ def run_experiment(
     cfg.validate()
     spec = envs.env_spec(cfg.env_id)
     builder.validate(cfg.num_learner_devices or 1, spec)
-    resume = checkpoint.prepare_logdir(
-        cfg.logdir,
-        cfg.resume,
-        builder,
-        cfg,
-        lambda: builder_lib.initial_train_state(builder, spec, cfg.seed),
-    )
+    if cfg.learner_mode == "gorila":
+        template = lambda: gorila.checkpoint_template(builder, spec, cfg.seed, cfg.num_ps_shards)  # noqa: E731
+    else:
+        template = lambda: builder_lib.initial_train_state(builder, spec, cfg.seed)  # noqa: E731
+    resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
     program = make_program(builder, cfg, spec, resume)
     if cfg.launcher == "ray" and cfg.ray_address:
         launcher_options.setdefault("address", cfg.ray_address)

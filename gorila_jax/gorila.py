@@ -10,17 +10,21 @@ an outlier for that worker are dropped (at the worker).
 """
 
 import functools
+import logging
 import math
 import threading
 import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import reverb
 
 from gorila_jax import builder as builder_lib
+from gorila_jax import monitor as monitor_lib
 from gorila_jax import (
+    checkpoint,
     compression,
     learner,
     parallel,
@@ -37,6 +41,10 @@ class ParameterShardNode(program.Worker):
 
     Its `run` loop only reports: applied and dropped counts and its update
     rate go to the monitor every `report_interval_s`.
+
+    With `checkpoint_dir` and `restore_step` (a step, or `NEWEST` for a
+    restarted shard) it starts from its part of that Gorila checkpoint
+    (`GradientWorkerNode.save_checkpoint`) instead of the initial parameters.
     """
 
     def __init__(
@@ -50,29 +58,41 @@ class ParameterShardNode(program.Worker):
         staleness_scaling: bool = False,
         monitor: program.Client | None = None,
         report_interval_s: float = 1.0,
+        checkpoint_dir: str | None = None,
+        restore_step: int | None = None,
     ):
         super().__init__()
         layout, flat = parameter_server.initial_layout(builder, spec, seed, num_shards)
         self._shard = parameter_server.ParameterShard(
             flat[layout.slices[index]], builder.shard_optimizer(), max_staleness, staleness_scaling
         )
+        if restore_step is not None:
+            if checkpoint_dir is None:
+                raise ValueError("restore_step needs a checkpoint_dir")
+            template = checkpoint_template(builder, spec, seed, num_shards)
+            step, state = _restore(checkpoint_dir, restore_step, template)
+            self._shard.restore(state["shards"][index])
+            logging.warning("parameter_server/%d: restored from checkpoint %d", index, step)
         self._index, self._monitor = index, monitor
         self._report_interval_s = report_interval_s
         self._encoders: dict[str, compression.DeltaEncoder] = {}
         self._encoders_lock = threading.Lock()
 
-    def get(self, newer_than: int = -1) -> tuple[int, np.ndarray] | None:
-        return self._shard.get(newer_than)
+    def get(self, held_version: int = -1) -> tuple[int, np.ndarray] | None:
+        return self._shard.get(held_version)
+
+    def snapshot(self) -> dict[str, Any]:
+        return self._shard.snapshot()
 
     def get_delta(
-        self, receiver: str, newer_than: int = -1, has_base: bool = True
+        self, receiver: str, held_version: int = -1, has_base: bool = True
     ) -> tuple[int, compression.Encoded] | None:
         """Like `get`, but as a delta against what `receiver` was sent before.
 
         A receiver without a base (new, or restarted under the same name) says
         so and gets the full slice, so a lost copy never poisons later deltas.
         """
-        answer = self._shard.get(newer_than)
+        answer = self._shard.get(held_version)
         if answer is None:
             return None
         version, params = answer
@@ -85,14 +105,14 @@ class ParameterShardNode(program.Worker):
         return self._shard.push(gradient, version_used)
 
     def push_and_get(
-        self, gradient: compression.Encoded, version_used: int, newer_than: int | None
+        self, gradient: compression.Encoded, version_used: int, held_version: int | None
     ) -> tuple[parameter_server.PushResult, tuple[int, np.ndarray] | None]:
-        """`push`, then `get(newer_than)` in the same call (None: no get).
+        """`push`, then `get(held_version)` in the same call (None: no get).
 
         A worker that refreshes after every push pays one round trip, not two.
         """
         result = self._shard.push(gradient, version_used)
-        return result, None if newer_than is None else self._shard.get(newer_than)
+        return result, None if held_version is None else self._shard.get(held_version)
 
     def counters(self) -> dict[str, int]:
         return dict(self._shard.counters)
@@ -112,10 +132,58 @@ class ParameterShardNode(program.Worker):
                 f"{prefix}dropped_stale": counters["dropped_stale"],
             }
             # Counters under names the monitor does not total: shards apply
-            # updates, they are not extra learner steps.
-            self._monitor.futures.report(
-                f"parameter_server/{self._index}", {"shard_applied": counters["applied"]}, metrics
-            )
+            # updates, they are not extra learner steps. Pushes move even
+            # when every gradient is dropped: the shard is not stalled then.
+            heartbeat = {
+                "shard_applied": counters["applied"],
+                "shard_pushes": counters["applied"] + counters["dropped_stale"],
+            }
+            self._monitor.futures.report(f"parameter_server/{self._index}", heartbeat, metrics)
+
+
+def checkpoint_template(
+    builder: builder_lib.AgentBuilder, spec: types.EnvSpec, seed: int, num_shards: int
+) -> dict[str, Any]:
+    """What a Gorila checkpoint holds, at the initial values: each shard's `snapshot`.
+
+    The restore target (structure, shapes, dtypes): a checkpoint saved with
+    another number of shards or another network does not load.
+    """
+    layout, flat = parameter_server.initial_layout(builder, spec, seed, num_shards)
+    optimizer = builder.shard_optimizer()
+    return {
+        "shards": [
+            {
+                "version": np.asarray(0, np.int64),
+                "params": flat[part],
+                "opt_state": jax.device_get(optimizer.init(jnp.asarray(flat[part]))),
+            }
+            for part in layout.slices
+        ]
+    }
+
+
+def _restore(directory: str, step: int, template: Any) -> tuple[int, Any]:
+    """(step, state) of checkpoint `step`, or of the newest that loads for `learner.NEWEST`.
+
+    Raises:
+      checkpoint.CheckpointError: `NEWEST` and none loads. A shard that
+        started from its initial slice instead would silently undo training.
+    """
+    checkpoints = checkpoint.LearnerCheckpoints(directory, read_only=True)
+    try:
+        if step != learner.NEWEST:
+            return step, checkpoints.restore(step, template)[0]
+        for candidate in reversed(checkpoints.steps()):
+            try:
+                return candidate, checkpoints.restore(candidate, template)[0]
+            except Exception:  # noqa: BLE001  a damaged checkpoint: try the one before
+                logging.warning("checkpoint %d does not load", candidate, exc_info=True)
+        raise checkpoint.CheckpointError(
+            f"a restarted shard has no checkpoint to restore in {directory}: its slice is lost"
+        )
+    finally:
+        checkpoints.close()
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
@@ -177,13 +245,22 @@ def add_nodes(
     spec: types.EnvSpec,
     replay_node: program.Handle,
     monitor_node: program.Handle,
+    checkpoint_dir: str | None = None,
+    restore_step: int | None = None,
+    restored_counters: dict[str, dict[str, float]] | None = None,
 ) -> list[program.Handle]:
     """The parameter-server and gradient-worker groups of an ExperimentConfig `cfg`.
+
+    Args:
+      checkpoint_dir: where worker 0 saves Gorila checkpoints; None: none.
+      restore_step: shards start from this checkpoint (a resume).
+      restored_counters: each node's counters from that checkpoint.
 
     Returns:
       The shard handles: what actors and the evaluator read parameters from.
     """
     check_agent(builder, spec)
+    restored_counters = restored_counters or {}
     with graph.group("parameter_server", program.Resources(cfg.ps_cpus)):
         shards = [
             graph.add_node(
@@ -196,13 +273,21 @@ def add_nodes(
                 cfg.max_staleness,
                 cfg.staleness_lr_scaling,
                 monitor_node,
+                report_interval_s=cfg.heartbeat_interval_s,
+                checkpoint_dir=checkpoint_dir,
+                restore_step=restore_step,
             )
             for index in range(cfg.num_ps_shards)
         ]
+    if checkpoint_dir is not None:
+        # A replacement shard starts from the newest checkpoint; without
+        # checkpoints its slice would be lost, so it is not restartable then.
+        for shard in shards:
+            graph.node(shard.name).restartable(lambda counters: {"restore_step": learner.NEWEST})
     resources = program.Resources(cfg.learner_cpus, cfg.learner_gpus)
     with graph.group("gradient_worker", resources):
         for index in range(cfg.num_learners):
-            graph.add_node(
+            worker = graph.add_node(
                 GradientWorkerNode,
                 builder,
                 spec,
@@ -216,7 +301,14 @@ def add_nodes(
                 compression_scheme=cfg.compression,
                 outlier_stds=cfg.outlier_stds,
                 tf32=cfg.tf32,
+                report_interval_s=cfg.heartbeat_interval_s,
+                checkpoint_dir=checkpoint_dir if index == 0 else None,
+                checkpoint_interval_steps=cfg.checkpoint_interval_steps,
+                max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
+                restored_counters=restored_counters.get(f"gradient_worker/{index}"),
             )
+            # A replacement pulls the shards' parameters and continues its counters.
+            graph.node(worker.name).restartable(monitor_lib.continue_counters)
     return shards
 
 
@@ -265,6 +357,12 @@ class GradientWorkerNode(program.Worker):
       outlier_stds: drop gradients whose loss exceeds mean + this many stds; 0 disables.
       report_interval_s: how often counters go to the monitor.
       tf32: TensorFloat-32 matmuls on GPUs (`precision.use_tf32`).
+      checkpoint_dir: given to one worker (index 0), which then checkpoints
+        the shards and the replay every `checkpoint_interval_steps` global
+        updates and when it stops (`save_checkpoint`).
+      max_checkpoints_to_keep: older checkpoints (and their replay) are deleted.
+      restored_counters: the counters this worker reported last (a restart
+        or a resume continues them).
     """
 
     def __init__(
@@ -282,6 +380,10 @@ class GradientWorkerNode(program.Worker):
         outlier_stds: float = 0.0,
         report_interval_s: float = 1.0,
         tf32: bool = False,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval_steps: int = 0,
+        max_checkpoints_to_keep: int = 2,
+        restored_counters: dict[str, float] | None = None,
     ):
         super().__init__()
         precision.use_tf32(tf32)
@@ -291,6 +393,7 @@ class GradientWorkerNode(program.Worker):
         self._async_update, self._report_interval_s = async_update, report_interval_s
         self._devices = parallel.local_devices(num_devices)
         builder.validate(len(self._devices))
+        self._replay = replay_client
         self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)
         key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + worker_index)
@@ -306,10 +409,15 @@ class GradientWorkerNode(program.Worker):
         self._grads_fn = parallel.pmap_step(
             update_fns.compute_grads, self._devices, donate_state=False
         )
-        # Run only on overflowed gradients: it leaves the parameters as they
-        # are and lowers the worker's loss scale (fp16), as a skipped step does.
-        self._skip_fn = parallel.pmap_step(update_fns.apply_grads, self._devices)
+        # The agent's loss-scale bookkeeping (fp16) after every gradient; an
+        # agent without it gets `apply_grads` on overflowed gradients only,
+        # which leaves the parameters as they are, as a skipped step does.
+        self._track_fn = parallel.pmap_step(
+            update_fns.track_grads or update_fns.apply_grads, self._devices
+        )
+        self._track_every_gradient = update_fns.track_grads is not None
         self._steps = 0
+        self._latest_metrics: dict[str, Any] = {}
         self._prefetcher: learner.DevicePrefetcher | None = None
         self._priorities: replay.PriorityUpdater | None = None
         self.counters = {
@@ -321,17 +429,32 @@ class GradientWorkerNode(program.Worker):
             "staleness_sum": 0,
             "bytes_sent": 0,
         }
+        for name, value in (restored_counters or {}).items():
+            if name in self.counters:
+                self.counters[name] = int(value)
+        self._checkpoints = None
+        if checkpoint_dir is not None:
+            self._checkpoints = checkpoint.LearnerCheckpoints(
+                checkpoint_dir, max_checkpoints_to_keep
+            )
+        self._checkpoint_interval = checkpoint_interval_steps if checkpoint_dir else 0
+        self._last_checkpoint_step = self.global_step()
+        self._finished = threading.Event()
+        self._run_error: BaseException | None = None
 
     def _refresh(self) -> None:
         self._params.pull()
         self._install_params()
 
+    def global_step(self) -> int:
+        """Updates applied run-wide, as agents count them: the mean of the shards' versions."""
+        return round(sum(self._versions) / len(self._versions))
+
     def _install_params(self) -> None:
         """Acts on the parameters `self._params` holds now (after a pull or push_and_get)."""
         self._versions = list(self._params.shard_versions)
         params = self._params.assemble()
-        step = round(sum(self._versions) / len(self._versions))  # global updates, as agents count
-        state = self._builder.with_params(self._state, params, step)
+        state = self._builder.with_params(self._state, params, self.global_step())
         self._replicated = parallel.replicate_changed(
             state, self._state, self._replicated, self._devices
         )
@@ -354,6 +477,7 @@ class GradientWorkerNode(program.Worker):
     def step_on(self, keys: np.ndarray | None, batch: builder_lib.SampledBatch) -> bool:
         """One gradient from a device batch pushed to all shards; True if it was applied."""
         grads, info = self._grads_fn(self._replicated, batch)
+        self._latest_metrics = info.metrics
         if keys is not None and info.priorities is not None and self._priorities is not None:
             self._priorities.submit(keys, info.priorities)
         loss = float(np.asarray(info.metrics["loss"])[0])
@@ -361,12 +485,14 @@ class GradientWorkerNode(program.Worker):
         checked = grads
         if isinstance(grads, precision.CheckedGrads):  # the agent flags overflowed gradients
             grads, finite = grads.grads, bool(np.asarray(grads.finite)[0])
+            if self._track_every_gradient or not finite:
+                # Only the loss scale changes; `replicate_changed` keeps the new
+                # device copy because `with_params` never replaces it.
+                self._replicated = self._track_fn(self._replicated, checked)
         applied = False
         refresh_due = (self._steps + 1) % self._async_update == 0
         if not finite:
             self.counters["dropped_nonfinite"] += 1
-            self._replicated = self._skip_fn(self._replicated, checked)
-            self._state = parallel.unreplicate(self._replicated)
         elif self._outliers.accept(loss):
             applied = self._push(grads, refresh_due)
             refresh_due = False  # the pushes brought the new slices back
@@ -385,8 +511,8 @@ class GradientWorkerNode(program.Worker):
         for index, shard in enumerate(self._shards):
             encoded = self._compressors[index].encode(flat[self._layout.slices[index]])
             self.counters["bytes_sent"] += encoded.nbytes
-            newer_than = self._versions[index] if refresh else None
-            pushes.append(shard.futures.push_and_get(encoded, self._versions[index], newer_than))
+            held_version = self._versions[index] if refresh else None
+            pushes.append(shard.futures.push_and_get(encoded, self._versions[index], held_version))
         results = []
         for index, push in enumerate(pushes):
             result, answer = push.result()
@@ -402,6 +528,10 @@ class GradientWorkerNode(program.Worker):
         self.counters["staleness_sum"] += max(result.staleness for result in results)
         return applied
 
+    def latest_metrics(self) -> dict[str, float]:
+        """The agent's metrics (loss, loss scale, ...) of this worker's latest gradient."""
+        return {name: float(np.asarray(value)[0]) for name, value in self._latest_metrics.items()}
+
     def step(self, timeout: float = 1.0) -> bool:
         if self._prefetcher is None:
             self._start_sampling()
@@ -412,22 +542,96 @@ class GradientWorkerNode(program.Worker):
         return True
 
     def run(self) -> None:
+        # Beats while the first gradient compiles and while replay is below its minimum.
+        heartbeat = monitor_lib.Heartbeat(
+            self._monitor,
+            f"gradient_worker/{self._index}",
+            self._heartbeat_counters,
+            self._report_interval_s,
+        ).start()
+        try:
+            self._run()
+        except BaseException as error:
+            self._run_error = error
+            raise
+        finally:
+            heartbeat.stop()
+            self._finished.set()
+
+    def _run(self) -> None:
         last_report = 0.0
         while not self.stopping:
             self.step()
             if time.monotonic() - last_report >= self._report_interval_s:
                 self._report()
                 last_report = time.monotonic()
-        self._report()
+            interval = self._checkpoint_interval
+            if interval and self.global_step() - self._last_checkpoint_step >= interval:
+                self.save_checkpoint()
+        self._report(block=True)  # the driver's summary and the final checkpoint read it
+        if self._checkpoints is not None:
+            self._close_priorities()  # the final checkpoint holds every priority sent
+            self.save_checkpoint()
 
-    def _report(self) -> None:
+    def wait_finished(self, timeout: float) -> bool:
+        """Blocks until `run` has returned (after a final checkpoint), or timeout.
+
+        Raises:
+          RuntimeError: if `run` failed.
+        """
+        finished = self._finished.wait(timeout)
+        if self._run_error is not None:
+            name = f"gradient_worker/{self._index}"
+            raise RuntimeError(f"{name} failed: {self._run_error!r}") from self._run_error
+        return finished
+
+    def save_checkpoint(self) -> int:
+        """Checkpoints the replay, then every shard's state, at the current global step.
+
+        Shards go on applying other workers' gradients meanwhile: each
+        shard's part is one consistent moment of that shard, and the parts
+        lie a few updates apart at most, as any two reads of asynchronous
+        shards do. Replay first, old replay checkpoints deleted last, as the
+        synchronous learner does (`learner.LearnerNode.save_checkpoint`).
+
+        Returns:
+          The global step saved.
+        """
+        if self._checkpoints is None:
+            raise RuntimeError("this worker was built without a checkpoint_dir")
+        snapshots = [shard.futures.snapshot() for shard in self._shards]
+        state = {"shards": [snapshot.result() for snapshot in snapshots]}
+        versions = [int(part["version"]) for part in state["shards"]]
+        step = round(sum(versions) / len(versions))
+        replay_info = self._replay.checkpoint(step)
+        meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
+        meta.setdefault("node_counters", {})[f"gradient_worker/{self._index}"] = dict(
+            self._heartbeat_counters()
+        )
+        meta.update(learner_steps=step, replay=replay_info, unix_time=time.time())
+        self._checkpoints.save(step, state, meta)
+        self._replay.keep_checkpoints(self._checkpoints.steps())
+        self._last_checkpoint_step = step
+        return step
+
+    def _heartbeat_counters(self) -> dict[str, int]:
+        return {**self.counters, "learner_steps": self.counters["applied"]}
+
+    def _report(self, block: bool = False) -> None:
         if self._monitor is None:
             return
         prefix = f"worker{self._index}/"
-        metrics = {prefix + name: value for name, value in self.counters.items()}
-        counters = {**self.counters, "learner_steps": self.counters["applied"]}
-        self._monitor.futures.report(f"gradient_worker/{self._index}", counters, metrics=metrics)
+        values = {**self.latest_metrics(), **self.counters}
+        metrics = {prefix + name: value for name, value in values.items()}
+        report = self._monitor.report if block else self._monitor.futures.report
+        report(f"gradient_worker/{self._index}", self._heartbeat_counters(), metrics=metrics)
 
-    def close(self) -> None:
+    def _close_priorities(self) -> None:
         if self._priorities is not None:
             self._priorities.close()
+            self._priorities = None
+
+    def close(self) -> None:
+        self._close_priorities()
+        if self._checkpoints is not None:
+            self._checkpoints.close()

@@ -1,4 +1,9 @@
-"""The synchronous learner node: sample -> shard -> pmapped update -> priorities -> publish."""
+"""The synchronous learner node: sample -> shard -> pmapped update -> priorities -> publish.
+
+With `num_learner_hosts` > 1 the learner is H processes (one per host) that
+join one `jax.distributed` job and run each update over every host's devices
+(`multihost.make_global_step`); see `LearnerNode`.
+"""
 
 import functools
 import logging
@@ -13,7 +18,7 @@ import numpy as np
 import reverb
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import checkpoint, parallel, precision, program, replay, types
+from gorila_jax import checkpoint, multihost, parallel, precision, program, replay, types
 from gorila_jax import monitor as monitor_lib
 
 
@@ -126,8 +131,29 @@ def make_guarded_step(update_fns: builder_lib.UpdateFns, actor_params: Callable[
     return guarded_step
 
 
+def _guarded_pair_step(guarded_step: Callable, state_and_guard: tuple, batch: Any) -> tuple:
+    """`make_guarded_step` with (state, guard) as one input and output, the form
+    `multihost.make_global_step` keeps unchanged on a stop vote."""
+    state, guard = state_and_guard
+    state, guard, info, published = guarded_step(state, guard, batch)
+    return (state, guard), info, published
+
+
+# Why a multi-host learner takes no checkpoints yet (found in a real run): orbax
+# 0.11.5 in a jax.distributed process calls DistributedRuntimeClient.key_value_try_get,
+# which jaxlib 0.4.34 lacks, and syncs all processes (collectives that the
+# non-chief processes never join) while the chief alone saves.
+MULTIHOST_CHECKPOINTS = (
+    "a multi-host learner cannot checkpoint yet (orbax 0.11 fails inside a jax.distributed "
+    "process with jaxlib 0.4.34); set checkpoint_interval_steps=0"
+)
+
+
 class NumericalFault(RuntimeError):
     """Updates stayed non-finite and there is no checkpoint to roll back to."""
+
+
+_FIRST_RETRY_S, _MAX_RETRY_S = 0.5, 8.0  # DevicePrefetcher's backoff on connection errors
 
 
 class DevicePrefetcher:
@@ -137,7 +163,8 @@ class DevicePrefetcher:
     the tf.data -> numpy conversion and host->device copies overlap with it.
     When `batch_size()` changes (a growing batch), the next batches are
     sampled at the new size; up to `size` batches of the old size are still
-    used first.
+    used first. A connection error (`replay.CONNECTION_ERRORS`) makes it
+    sample again with backoff; other errors reach the learner in `get`.
     """
 
     def __init__(
@@ -157,6 +184,7 @@ class DevicePrefetcher:
 
     def _loop(self) -> None:
         batches, current_size = None, None
+        retry_s = _FIRST_RETRY_S
         try:
             while not self._stop_event.is_set():
                 wanted_size = self._batch_size()
@@ -167,6 +195,19 @@ class DevicePrefetcher:
                 except StopIteration:  # the rate limiter held samples back; try again
                     batches = None
                     continue
+                except replay.CONNECTION_ERRORS as error:
+                    # The replay server went away (it is being restarted): sample
+                    # again, backing off, instead of failing the learner.
+                    batches = None
+                    logging.warning(
+                        "replay unreachable (%s); sampling again in %.1fs",
+                        str(error).splitlines()[0][:200],
+                        retry_s,
+                    )
+                    self._stop_event.wait(retry_s)
+                    retry_s = min(2 * retry_s, _MAX_RETRY_S)
+                    continue
+                retry_s = _FIRST_RETRY_S
                 sampled = builder_lib.SampledBatch(
                     batch.data, batch.probabilities, batch.table_size
                 )
@@ -200,7 +241,6 @@ def sampler(
     return replay.batches(server_address, table, batch_size, codec)
 
 
-_NAME = "learner/0"  # the learner's name in monitor reports and checkpointed counters
 NEWEST = -1  # restore_step: the newest checkpoint that loads
 
 
@@ -233,6 +273,22 @@ class LearnerNode(program.Worker):
       rollback_param_noise: after a rollback, add Gaussian noise of this
         standard deviation to the trainable parameters (0: none), so the
         same batches do not lead to the same divergence.
+      num_learner_hosts: learner processes (H) in one `jax.distributed` job;
+        1 is the single-process learner. With H > 1, process p (node
+        "learner/p") joins the job before it touches any device, takes the
+        chief's (process 0's) initial or restored state, samples its
+        `multihost.local_batch_size` share of every global batch, updates the
+        priorities of exactly the items it sampled, and steps in lockstep
+        with the others: a stop asked of any process stops all of them after
+        the same update (stop votes). Only the chief publishes parameters
+        (`get_params`) and reports metrics; `num_devices` must be 0 or all of
+        the host's devices. A multi-host learner is not restarted, nor rolled
+        back: a lost process or a numerical fault fails the run. It takes no
+        checkpoints yet (`MULTIHOST_CHECKPOINTS` says why); the code that
+        would restore one reads it in the chief alone and broadcasts it.
+      learner_process_id: this process's index p, 0 .. H - 1.
+      rendezvous: client of the `multihost.Rendezvous` node through which the
+        chief tells the others the coordinator address it picked (H > 1).
     """
 
     def __init__(
@@ -253,8 +309,17 @@ class LearnerNode(program.Worker):
         rollback_lr_factor: float = 0.5,
         rollback_param_noise: float = 0.0,
         restored_counters: dict[str, float] | None = None,
+        num_learner_hosts: int = 1,
+        learner_process_id: int = 0,
+        rendezvous: program.Client | None = None,
     ):
         super().__init__()
+        self._process_group: multihost.ProcessGroup | None = None
+        if num_learner_hosts > 1:
+            # First of all: jax.distributed must be joined before any device is touched.
+            self._process_group = multihost.join(rendezvous, num_learner_hosts, learner_process_id)
+        self._is_chief = self._process_group is None or self._process_group.is_chief
+        self._name = f"learner/{learner_process_id}"
         if max_nonfinite_steps < 0:
             raise ValueError(f"max_nonfinite_steps must not be negative, got {max_nonfinite_steps}")
         if not 0 < rollback_lr_factor <= 1:
@@ -271,10 +336,18 @@ class LearnerNode(program.Worker):
         self._builder, self._monitor, self._replay = builder, monitor, replay_client
         self._report_interval_s = report_interval_s
         self._devices = parallel.local_devices(num_devices)
-        builder.validate(len(self._devices))
+        self._num_processes = num_learner_hosts
+        if num_learner_hosts > 1 and len(self._devices) != jax.local_device_count():
+            raise ValueError(
+                f"num_learner_devices={num_devices}: with num_learner_hosts={num_learner_hosts} "
+                f"every learner process uses all its devices ({jax.local_device_count()}); use 0"
+            )
+        builder.validate(num_learner_hosts * len(self._devices))
         self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)
         self._checkpoints = None
+        if checkpoint_dir is not None and self._process_group is not None:
+            raise ValueError(f"num_learner_hosts={num_learner_hosts}: {MULTIHOST_CHECKPOINTS}")
         if checkpoint_dir is not None:
             self._checkpoints = checkpoint.LearnerCheckpoints(
                 checkpoint_dir, max_checkpoints_to_keep
@@ -284,8 +357,13 @@ class LearnerNode(program.Worker):
         self.rollbacks = 0
         # Which checkpoint this incarnation started from (-1: none); in its heartbeats.
         self._started_from = -1
-        state, self._steps = self._initial_state(spec, seed, restore_step)
+        state, self._steps = self._initial_state(
+            spec, seed, restore_step if self._is_chief else None
+        )
         self._steps = max(self._steps, int((restored_counters or {}).get("learner_steps", 0)))
+        if self._process_group is not None:
+            state = self._agree_with_chief(state)
+            self.local_batch_size()  # a global batch that does not split fails here, by name
         self._last_checkpoint_step = self._steps
         self._state = parallel.replicate(state, self._devices)
         self._guard = parallel.replicate(
@@ -295,16 +373,25 @@ class LearnerNode(program.Worker):
             ),
             self._devices,
         )
-        self._step_fn = parallel.pmap_step(
-            make_guarded_step(builder.update_fns(spec), builder.actor_params),
-            self._devices,
-            out_axes=(0, 0, 0, None),
-        )
+        guarded_step = make_guarded_step(builder.update_fns(spec), builder.actor_params)
+        if self._process_group is None:
+            self._step_fn = parallel.pmap_step(
+                guarded_step, self._devices, out_axes=(0, 0, 0, None)
+            )
+        else:
+            self._global_step = multihost.make_global_step(
+                functools.partial(_guarded_pair_step, guarded_step), out_axes=(0, 0, None)
+            )
+        # The multi-host learner's latest (keys, device batch): what it feeds a stop-vote step.
+        self._last_item: tuple[np.ndarray, Any] | None = None
+        self._stop_agreed = False  # the multi-host learner's processes all voted to stop
         # Held while the state is replaced or read for a checkpoint: a step
         # donates the old state's buffers, so a checkpoint must not read them then.
         self._state_lock = threading.Lock()
         self._params_lock = threading.Lock()
-        self._published: Any = parallel.unreplicate(builder.actor_params(self._state))
+        self._published: Any = None
+        if self._is_chief:
+            self._published = parallel.unreplicate(builder.actor_params(self._state))
         self._host_params: tuple[int, Any] | None = None
         self._prefetcher: DevicePrefetcher | None = None
         self._priorities: replay.PriorityUpdater | None = None
@@ -336,19 +423,49 @@ class LearnerNode(program.Worker):
             try:
                 state, meta = self._checkpoints.restore(step, target)
             except Exception:  # noqa: BLE001  a damaged one: try the one before
-                logging.warning("%s: checkpoint %d does not load", _NAME, step, exc_info=True)
+                logging.warning("%s: checkpoint %d does not load", self._name, step, exc_info=True)
                 continue
             self._guard_meta = meta.get("numeric_guard", {})
             self.rollbacks = int(self._guard_meta.get("rollbacks", 0))
             self._started_from = step
-            logging.warning("%s: restarted from the checkpoint of step %d", _NAME, step)
+            logging.warning("%s: restarted from the checkpoint of step %d", self._name, step)
             return state, int(meta["learner_steps"])
-        logging.warning("%s: restarted without a checkpoint to load: fresh state", _NAME)
+        logging.warning("%s: restarted without a checkpoint to load: fresh state", self._name)
         return fresh, 0
 
     def batch_size(self) -> int:
         """The global batch the schedule gives at the current learner step."""
         return builder_lib.batch_size_at(self._builder.batch_schedule, self._steps)
+
+    def local_batch_size(self) -> int:
+        """The rows this process samples per update: its share of the global batch.
+
+        Every process computes it from the same step count, so all feed
+        batches of one shape to each global step.
+        """
+        return multihost.local_batch_size(
+            self.batch_size(), self._num_processes, len(self._devices)
+        )
+
+    def _agree_with_chief(self, state: Any) -> Any:
+        """The chief's state, step count and numeric-guard settings, in every process.
+
+        The chief alone reads checkpoints; a fresh state would agree anyway
+        (same seed), but a restored one exists only on its host.
+        """
+        guard = self._guard_meta
+        shared = multihost.broadcast_from_chief(
+            (
+                jax.device_get(state),
+                np.asarray(self._steps, np.int32),
+                np.asarray(guard.get("skipped_steps", 0), np.int32),
+                np.asarray(guard.get("lr_scale", 1.0), np.float32),
+            )
+        )
+        state, steps, skipped, lr_scale = shared
+        self._steps = int(steps)
+        self._guard_meta = {**guard, "skipped_steps": int(skipped), "lr_scale": float(lr_scale)}
+        return state
 
     def last_batch_size(self) -> int:
         """The global batch of the latest update (0 before the first)."""
@@ -358,9 +475,8 @@ class LearnerNode(program.Worker):
         make_batches = functools.partial(
             sampler, self._server_address, self._builder.sample_table, self._codec
         )
-        self._prefetcher = DevicePrefetcher(
-            make_batches, self.batch_size, self._devices, self._stop_event
-        )
+        rows = self.batch_size if self._process_group is None else self.local_batch_size
+        self._prefetcher = DevicePrefetcher(make_batches, rows, self._devices, self._stop_event)
         client = reverb.Client(self._server_address)
         self._priorities = replay.PriorityUpdater(client, self._builder.sample_table)
 
@@ -368,6 +484,8 @@ class LearnerNode(program.Worker):
         """One update on one batch. Returns False if no batch came within `timeout`."""
         if self._prefetcher is None:
             self._start_sampling()
+        if self._process_group is not None:
+            return self._global_step_once(timeout)
         item = self._prefetcher.get(timeout)
         if item is None:
             return False
@@ -392,6 +510,64 @@ class LearnerNode(program.Worker):
                 self._roll_back(streak)
         return True
 
+    def _global_step_once(self, timeout: float) -> bool:
+        """One update of the multi-host learner, in lockstep with the other processes.
+
+        A process enters the global step only with a batch of the current
+        local size, or to vote stop: every process then runs the same
+        updates, and one that entered never waits for one that will not come
+        (the driver stops every learner process). Returns False when no
+        batch came within `timeout` or the processes agreed to stop.
+        """
+        item = None
+        while item is None and not self.stopping:
+            item = self._prefetcher.get(timeout)
+            if item is None:
+                return False  # back to the run loop (reports, stop checks); nobody stepped
+            if item[0].size != self.local_batch_size():
+                item = None  # sampled before a batch-size change: every process drops it
+        stopping = self.stopping
+        if stopping:
+            # Any batch of the agreed shape will do: the voted step changes nothing.
+            item = self._last_item or (None, self._placeholder_batch())
+        keys, batch = item
+        with self._state_lock:
+            (state, guard), info, published, stop = self._global_step(
+                (self._state, self._guard), batch, multihost.stop_votes(stopping)
+            )
+            self._state, self._guard = state, guard
+            if bool(stop):
+                # Another process (or this one) is stopping: this update was discarded.
+                self._stop_agreed = True
+                self._stop_event.set()
+                return False
+            with self._params_lock:
+                self._steps += 1
+                if self._is_chief:
+                    self._published = published
+        self._last_item = item
+        self._last_batch_size = keys.size * self._num_processes
+        if info.priorities is not None and self._priorities is not None:
+            # This process's rows of the global batch: exactly the items it sampled.
+            self._priorities.submit(keys, info.priorities)
+        previous, self._last_info = self._last_info, info
+        if previous is not None and self._max_nonfinite_steps:
+            streak = int(np.asarray(previous.metrics["nonfinite_streak"])[0])
+            if streak >= self._max_nonfinite_steps:
+                # The streak is global (pmax), so every process raises at the same step.
+                raise NumericalFault(
+                    f"{self._name}: {streak} consecutive non-finite updates "
+                    "(max_nonfinite_steps); a multi-host learner does not roll back"
+                )
+        return True
+
+    def _placeholder_batch(self) -> Any:
+        """A zero batch of the local shape and dtypes, for a stop vote before any real batch."""
+        rows = self.local_batch_size()
+        data = self._codec.decode(np.zeros((rows, self._codec.num_bytes), np.uint8))
+        sampled = builder_lib.SampledBatch(data, np.ones(rows, np.float64), np.ones(rows, np.int64))
+        return parallel.shard_to_devices(sampled, self._devices)
+
     def numeric_status(self) -> dict[str, float]:
         """Skipped updates in total, the current streak, the learning-rate scale, rollbacks."""
         with self._state_lock:
@@ -414,7 +590,7 @@ class LearnerNode(program.Worker):
         """
         why = f"{streak} consecutive non-finite updates (max_nonfinite_steps)"
         if self._checkpoints is None or not self._checkpoints.steps():
-            raise NumericalFault(f"{_NAME}: {why} and no checkpoint to roll back to")
+            raise NumericalFault(f"{self._name}: {why} and no checkpoint to roll back to")
         with self._state_lock:
             target = jax.device_get(parallel.unreplicate(self._state))
             guard = jax.device_get(parallel.unreplicate(self._guard))
@@ -424,9 +600,11 @@ class LearnerNode(program.Worker):
                     state, _ = self._checkpoints.restore(step, target)
                     break
                 except Exception:  # noqa: BLE001  a damaged one: try the one before
-                    logging.warning("%s: checkpoint %d does not load", _NAME, step, exc_info=True)
+                    logging.warning(
+                        "%s: checkpoint %d does not load", self._name, step, exc_info=True
+                    )
             if state is None:
-                raise NumericalFault(f"{_NAME}: {why} and no checkpoint loads")
+                raise NumericalFault(f"{self._name}: {why} and no checkpoint loads")
             state = self._perturbed(state)
             lr_scale = float(guard.lr_scale) * self._rollback_lr_factor
             self._state = parallel.replicate(state, self._devices)
@@ -439,7 +617,7 @@ class LearnerNode(program.Worker):
             self._last_info = None  # the step in flight ran on the abandoned state
         logging.warning(
             "%s: %s; rolled back to the checkpoint of step %d, learning-rate scale now %g",
-            _NAME,
+            self._name,
             why,
             step,
             lr_scale,
@@ -454,7 +632,7 @@ class LearnerNode(program.Worker):
                 id(leaf) for leaf in jax.tree.leaves(self._builder.trainable_params(state))
             }
         except (AttributeError, NotImplementedError):
-            logging.warning("%s: the agent names no trainable parameters; no noise", _NAME)
+            logging.warning("%s: the agent names no trainable parameters; no noise", self._name)
             return state
         self._noise_key, key = jax.random.split(self._noise_key)
         leaves, treedef = jax.tree.flatten(state)
@@ -472,7 +650,7 @@ class LearnerNode(program.Worker):
     def run(self) -> None:
         # Beats while the first step compiles and while replay is below its minimum.
         heartbeat = monitor_lib.Heartbeat(
-            self._monitor, _NAME, self._heartbeat_counters, self._report_interval_s
+            self._monitor, self._name, self._heartbeat_counters, self._report_interval_s
         ).start()
         try:
             self._run()
@@ -484,17 +662,28 @@ class LearnerNode(program.Worker):
             self._finished.set()
 
     def _heartbeat_counters(self) -> dict[str, int]:
-        return {"learner_steps": self._steps, "started_from_step": self._started_from}
+        if self._process_group is None:
+            return {"learner_steps": self._steps, "started_from_step": self._started_from}
+        # The monitor sums "learner_steps" over nodes: only the chief counts the job's updates.
+        steps_key = "learner_steps" if self._is_chief else "process_learner_steps"
+        return {steps_key: self._steps, "started_from_step": self._started_from}
+
+    def _done(self) -> bool:
+        if self._process_group is None:
+            return self.stopping
+        # A stopping process must still take part in one more (voted) step, or the
+        # others would wait for it in that step's collectives forever.
+        return self._stop_agreed
 
     def _run(self) -> None:
         last_report = 0.0
-        while not self.stopping:
+        while not self._done():
             self.step()
             if time.monotonic() - last_report >= self._report_interval_s:
                 self._report()
                 last_report = time.monotonic()
             interval = self._checkpoint_interval
-            if interval and self._steps - self._last_checkpoint_step >= interval:
+            if interval and self._is_chief and self._steps - self._last_checkpoint_step >= interval:
                 self.save_checkpoint()
         self._report(block=True)  # the driver's summary reads the final count
         if self._checkpoints is not None:
@@ -509,7 +698,7 @@ class LearnerNode(program.Worker):
         """
         finished = self._finished.wait(timeout)
         if self._run_error is not None:
-            raise RuntimeError(f"{_NAME} failed: {self._run_error!r}") from self._run_error
+            raise RuntimeError(f"{self._name} failed: {self._run_error!r}") from self._run_error
         return finished
 
     def save_checkpoint(self) -> int:
@@ -525,6 +714,8 @@ class LearnerNode(program.Worker):
         Returns:
           The learner step saved.
         """
+        if not self._is_chief:
+            raise RuntimeError(f"{self._name} is not the chief: only learner/0 checkpoints")
         if self._checkpoints is None:
             raise RuntimeError("this learner was built without a checkpoint_dir")
         with self._state_lock:
@@ -532,7 +723,7 @@ class LearnerNode(program.Worker):
             replay_info = self._replay.checkpoint(step)
             state = jax.device_get(parallel.unreplicate(self._state))
             meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
-            meta.setdefault("node_counters", {})[_NAME] = {"learner_steps": step}
+            meta.setdefault("node_counters", {})[self._name] = {"learner_steps": step}
             guard = jax.device_get(parallel.unreplicate(self._guard))
             meta["numeric_guard"] = {
                 "skipped_steps": int(guard.skipped_steps),
@@ -549,15 +740,26 @@ class LearnerNode(program.Worker):
     def _report(self, block: bool = False) -> None:
         if self._monitor is None:
             return
+        if not self._is_chief:
+            # Counters only (its heartbeat's); the job's metrics are the chief's.
+            report = self._monitor.report if block else self._monitor.futures.report
+            report(self._name, self._heartbeat_counters())
+            return
         metrics = {}
         if self._last_info is not None:
             metrics = {k: float(np.asarray(v)[0]) for k, v in self._last_info.metrics.items()}
             metrics["batch_size"] = self._last_batch_size
         report = self._monitor.report if block else self._monitor.futures.report
-        report(_NAME, self._heartbeat_counters(), metrics=metrics)
+        report(self._name, self._heartbeat_counters(), metrics=metrics)
 
     def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
-        """(version, numpy params) of the latest update, or None if not newer than `newer_than`."""
+        """(version, numpy params) of the latest update, or None if not newer than `newer_than`.
+
+        Raises:
+          RuntimeError: in a multi-host learner's non-chief process, which publishes nothing.
+        """
+        if not self._is_chief:
+            raise RuntimeError(f"{self._name} is not the chief: read parameters from learner/0")
         with self._params_lock:
             version, params = self._steps, self._published
         if version <= newer_than:

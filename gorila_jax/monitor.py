@@ -25,8 +25,10 @@ class MonitorNode:
     Args:
       return_window: finished training episodes that the mean return covers.
       restored: what `checkpoint_state` returned when the run was checkpointed;
-        counters, returns and evaluations continue from there. Counters of
-        nodes that the resumed program lacks (fewer actors) stay in the totals.
+        counters, returns, evaluations and the latest metrics continue from
+        there (a resumed run's first rows show the checkpoint's metrics until
+        each node reports again). Counters of nodes that the resumed program
+        lacks (fewer actors) stay in the totals.
     """
 
     def __init__(self, return_window: int = 100, restored: dict[str, Any] | None = None):
@@ -35,7 +37,7 @@ class MonitorNode:
         self._counters: dict[str, dict[str, float]] = dict(restored.get("node_counters", {}))
         self._last_seen: dict[str, float] = {}
         self._pids: dict[str, int] = {}  # process of each heartbeating node, for operators
-        self._metrics: dict[str, float] = {}
+        self._metrics: dict[str, float] = dict(restored.get("metrics", {}))
         self._returns: collections.deque = collections.deque(
             restored.get("recent_returns", []), maxlen=return_window
         )
@@ -126,10 +128,16 @@ class MonitorNode:
         with self._lock:
             return {
                 "node_counters": {name: dict(c) for name, c in self._counters.items()},
+                "metrics": dict(self._metrics),
                 "recent_returns": list(self._returns),
                 "evaluations": list(self._evals),
                 "restarts": list(self._restarts),
             }
+
+
+def continue_counters(counters: dict[str, float]) -> dict[str, Any]:
+    """Restart kwargs of a node that picks up its counters where its predecessor left them."""
+    return {"restored_counters": {name: int(value) for name, value in counters.items()}}
 
 
 class Heartbeat:

@@ -9,9 +9,12 @@ this is tested on one machine.
 """
 
 import dataclasses
+import logging
 import os
 import re
 import socket
+import threading
+import time
 from typing import Any, Callable
 
 import jax
@@ -71,6 +74,80 @@ def free_coordinator_address(host: str) -> str:
         probe.bind((host, 0))
         port = probe.getsockname()[1]
     return f"{host}:{port}"
+
+
+def host_address() -> str:
+    """This host's address as the other learner hosts reach it.
+
+    Under Ray, the node's IP (what Ray itself uses between nodes); otherwise
+    the address the host name resolves to.
+    """
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:
+        pass
+    return socket.gethostbyname(socket.gethostname())
+
+
+class Rendezvous:
+    """A program node through which the chief tells the other learners where to join.
+
+    The coordinator runs inside learner process 0, so its address (that
+    host, a port free there) is only known once that process runs; the
+    others ask this node for it. Under the Ray launcher each learner runs in
+    a process of its own, possibly on another host.
+    """
+
+    def __init__(self):
+        self._address: str | None = None
+        self._set = threading.Event()
+
+    def publish(self, coordinator_address: str) -> None:
+        self._address = coordinator_address
+        self._set.set()
+
+    def coordinator_address(self, timeout_s: float) -> str | None:
+        """The chief's coordinator address, or None if it did not publish within `timeout_s`."""
+        self._set.wait(timeout_s)
+        return self._address
+
+
+def join(
+    rendezvous: Any, num_processes: int, process_id: int, timeout_s: float = 300.0
+) -> ProcessGroup:
+    """Joins this learner process to the job; the chief picks the coordinator address.
+
+    Process 0 takes a free port on its host and publishes the address on
+    `rendezvous` (a `Rendezvous` client); the others wait for it. Then all
+    call `initialize`. Call it before anything in the process uses a jax device.
+
+    Raises:
+      ValueError: if there is no rendezvous to meet at.
+      TimeoutError: if the chief did not publish within `timeout_s`.
+    """
+    if rendezvous is None:
+        raise ValueError(f"num_learner_hosts={num_processes} needs a learner rendezvous node")
+    if process_id == 0:
+        address = free_coordinator_address(host_address())
+        rendezvous.publish(address)
+    else:
+        deadline = time.monotonic() + timeout_s
+        address = None
+        while address is None and time.monotonic() < deadline:
+            # Short waits: a call must not outlast the client's own limits.
+            address = rendezvous.coordinator_address(min(10.0, timeout_s))
+        if address is None:
+            raise TimeoutError(
+                f"learner process {process_id}: learner process 0 did not publish its "
+                f"coordinator address within {timeout_s:g}s"
+            )
+    group = ProcessGroup(address, num_processes, process_id)
+    logging.info("learner process %d of %d joins %s", process_id, num_processes, address)
+    initialize(group, timeout_s=int(timeout_s))
+    return group
 
 
 def cpu_device_env(num_devices: int, environ: dict[str, str] | None = None) -> dict[str, str]:

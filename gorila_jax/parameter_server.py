@@ -127,10 +127,33 @@ class ParameterShard:
         updates, opt_state = self._optimizer.update(grads, opt_state, params)
         return params + scale * updates, opt_state
 
-    def get(self, newer_than: int = -1) -> tuple[int, np.ndarray] | None:
-        """(version, slice), or None if the shard is not newer than `newer_than`."""
+    def get(self, held_version: int = -1) -> tuple[int, np.ndarray] | None:
+        """(version, slice), or None if the caller holds this version already.
+
+        "Different", not "newer": a shard restored from a checkpoint goes back
+        to the checkpoint's version, and its readers must take that slice.
+        """
         version, params = self._current
-        return None if version <= newer_than else (version, params)
+        return None if version == held_version else (version, params)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Version, slice and optimizer state, from one moment between two updates."""
+        with self._update_lock:
+            version, params = self._current
+            opt_state = jax.device_get(self._opt_state)
+        return {"version": np.asarray(version, np.int64), "params": params, "opt_state": opt_state}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Takes the state `snapshot` returned (from a checkpoint); counters go on."""
+        params = np.asarray(snapshot["params"], np.float32)
+        with self._update_lock:
+            if params.shape != self._current[1].shape:
+                raise ValueError(
+                    f"the checkpoint's slice has {params.size} values, "
+                    f"this shard {self._current[1].size}"
+                )
+            self._opt_state = jax.tree.map(jnp.asarray, snapshot["opt_state"])
+            self._current = (int(snapshot["version"]), params)
 
     def push(self, gradient: compression.Encoded, version_used: int) -> PushResult:
         """Applies one (compressed) gradient slice computed on `version_used`."""
@@ -191,18 +214,20 @@ class ShardedParameters:
         has_base = self._decoders[index].params is not None
         return shard.futures.get_delta(self._receiver, version, has_base)
 
-    def pull(self) -> tuple[list[int], Any]:
-        """(each shard's version, the full parameter pytree); fetches only changed slices.
+    def pull(self) -> bool:
+        """Fetches the slices that changed; True if any did.
 
         With a `delta_receiver` name, slices come as deltas against the copy
         this receiver holds (`compression.DeltaEncoder`).
         """
         requests = [self._request(index) for index in range(len(self._shards))]
+        changed = False
         for index, request in enumerate(requests):
             answer = request.result()
             if answer is not None:
                 self.install(index, *answer)
-        return list(self.shard_versions), self.assemble()
+                changed = True
+        return changed
 
     def install(self, index: int, version: int, part: Any) -> None:
         """Takes shard `index`'s slice at `version`, as a `get` (or `get_delta`) returned it."""
@@ -216,9 +241,16 @@ class ShardedParameters:
         return self._layout.join(self._parts)
 
     def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
-        versions, params = self.pull()
-        version = sum(versions)
-        return None if version <= newer_than else (version, jax.device_get(params))
+        """(sum of the shards' versions, parameters), or None if nothing changed.
+
+        The sum can go down when a shard is restored from a checkpoint; the
+        restored parameters are returned all the same.
+        """
+        changed = self.pull()
+        version = sum(self.shard_versions)
+        if version <= newer_than and not changed:
+            return None
+        return version, self.assemble()
 
     @property
     def futures(self) -> Any:

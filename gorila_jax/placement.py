@@ -9,6 +9,7 @@ instead of waiting forever for Ray to schedule it.
 """
 
 import dataclasses
+import uuid
 from typing import Any, Sequence
 
 import ray
@@ -223,9 +224,10 @@ def reserve(
     if check:
         check_fits(program, alive_node_resources())
     plans = plan(program, rules)
+    run_id = uuid.uuid4().hex[:8]  # two runs of one program on a shared cluster stay apart
     groups = [
         ray.util.placement_group(
-            list(p.bundles), strategy=p.strategy, name=f"{program.name}/{p.name}"
+            list(p.bundles), strategy=p.strategy, name=f"{program.name}-{run_id}/{p.name}"
         )
         for p in plans
     ]

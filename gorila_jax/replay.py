@@ -5,6 +5,7 @@ with priorities, batches with keys and probabilities, priority updates), so
 that another backend can one day sit behind it (DESIGN.md, replay node).
 """
 
+import errno
 import json
 import logging
 import os
@@ -69,10 +70,27 @@ class ItemCodec:
         ]
         return np.concatenate(parts, axis=1)
 
-    def decode(self, packed: np.ndarray) -> types.PyTree:
-        """[B, num_bytes] uint8 -> the item structure with [B, ...] leaves."""
-        if packed.ndim != 2 or packed.shape[1] != self.num_bytes:
-            raise ValueError(f"packed items must be [B, {self.num_bytes}], got {packed.shape}")
+    def describe(self) -> str:
+        """The leaves' shapes and dtypes, for error messages."""
+        return ", ".join(
+            f"{dtype}{list(shape)}" for shape, dtype in zip(self._shapes, self._dtypes)
+        )
+
+    def decode(self, packed: np.ndarray, table: str | None = None) -> types.PyTree:
+        """[B, num_bytes] uint8 -> the item structure with [B, ...] leaves.
+
+        Raises:
+          ValueError: packed items of another width or dtype, naming `table` and
+            both layouts: bytes decoded with the wrong layout would be silent garbage.
+        """
+        packed = np.asarray(packed)
+        if packed.ndim != 2 or packed.shape[1] != self.num_bytes or packed.dtype != np.uint8:
+            where = f"replay table {table!r}: " if table else ""
+            raise ValueError(
+                f"{where}packed items must be [B, {self.num_bytes}] uint8 ({self.describe()}), "
+                f"got {packed.dtype}{list(packed.shape)}; the table holds items of another "
+                "agent config or environment (a replay checkpoint of another run?)"
+            )
         count = packed.shape[0]
         leaves = [
             np.ascontiguousarray(packed[:, start:stop]).view(dtype).reshape(count, *shape)
@@ -160,19 +178,84 @@ def queue_table(name: str, max_size: int, signature: Any) -> reverb.Table:
 CHECKPOINT_MANIFEST = "MANIFEST.json"
 
 
+NEWEST = -1  # ReplayNode restore_step: the newest intact checkpoint
+
+
 class CheckpointDamaged(Exception):
     """A replay checkpoint whose files are not those that were written."""
+
+
+class PortInUse(OSError):
+    """The replay server's port is taken by another process."""
+
+
+def _check_port_free(port: int) -> None:
+    """Raises PortInUse, naming the port, if a listener holds it on any interface.
+
+    Reverb binds `[::]:port` (every interface) and, when that fails, says only
+    "Failed to BuildAndStart gRPC server". SO_REUSEADDR as gRPC sets it: the
+    connections of a killed predecessor (TIME_WAIT) do not count as a user.
+    """
+    if not 0 < port < 65536:
+        raise ValueError(f"replay port must be in 1..65535, got {port}")
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise PortInUse(
+                        f"replay port {port} is already in use by another process "
+                        "(choose another --replay_port, or 0 for a free one)"
+                    ) from None
+                if family == socket.AF_INET6:
+                    continue  # IPv6 present but not bindable here; IPv4 decides
+                raise
+
+
+def newest_intact_checkpoint(checkpoint_dir: str) -> int | None:
+    """The step of the newest replay checkpoint in `checkpoint_dir` whose files are
+    intact (`check_checkpoint`); None if there is none. Damaged ones are skipped
+    with a warning: a restarted replay goes back one checkpoint rather than fail."""
+    steps = (
+        sorted((int(name) for name in os.listdir(checkpoint_dir) if name.isdigit()), reverse=True)
+        if os.path.isdir(checkpoint_dir)
+        else []
+    )
+    for step in steps:
+        try:
+            check_checkpoint(os.path.join(checkpoint_dir, str(step)))
+            return step
+        except CheckpointDamaged as error:
+            logging.warning("replay: skipping checkpoint %d: %s", step, error)
+    return None
 
 
 class ReplayNode:
     """Hosts a Reverb server with the tables an agent's builder declares.
 
+    Reverb's server listens on every interface of its host (gRPC on
+    `[::]:port`, without authentication: Reverb has no option for either);
+    keep the replay port closed to untrusted networks (README, multi-host).
+
     Args:
       make_tables: returns the agent's tables.
-      port: the server's port; None picks a free one.
+      port: the server's port; None picks a free one. The experiment picks
+        one for the whole run, so that a restarted replay node serves at the
+        same address and Reverb's clients (writers, samplers) reconnect to it.
       checkpoint_dir: where `checkpoint` writes (`<logdir>/checkpoints/replay`,
         absolute); None: no checkpoints.
-      restore_step: start from the checkpoint taken at this learner step.
+      restore_step: start from the checkpoint taken at this learner step;
+        `NEWEST`: from the newest intact one (an empty replay if there is none),
+        as a replay node restarted after a crash does.
+
+    Raises:
+      PortInUse: `port` is taken by another process.
     """
 
     def __init__(
@@ -186,17 +269,41 @@ class ReplayNode:
         checkpointer = None
         expected_sizes = None
         if checkpoint_dir is not None:
+            if restore_step == NEWEST:
+                restore_step = newest_intact_checkpoint(checkpoint_dir)
             restore_path = None
             if restore_step is not None:
                 restore_path = os.path.join(checkpoint_dir, str(restore_step))
                 expected_sizes = check_checkpoint(restore_path)
             checkpointer = _checkpointer(checkpoint_dir, restore_path)
-        elif restore_step is not None:
+        elif restore_step is not None and restore_step != NEWEST:
             raise ValueError("restore_step needs a checkpoint_dir")
-        self._server = reverb.Server(list(make_tables()), port=port, checkpointer=checkpointer)
+        else:
+            restore_step = None  # NEWEST without checkpoints: an empty replay
+        tables = list(make_tables())
+        if port is not None:
+            _check_port_free(port)
+        try:
+            self._server = reverb.Server(tables, port=port, checkpointer=checkpointer)
+        except ValueError as error:
+            if port is not None and "BuildAndStart" in str(error):
+                # Taken between the check and the bind; Reverb's message names no port.
+                raise PortInUse(f"replay port {port} is already in use ({error})") from None
+            raise
         self._host = _ray_node_ip() or socket.gethostbyname("localhost")
+        self._restored = {"step": restore_step, "table_sizes": expected_sizes or {}}
         if expected_sizes is not None:
             self._check_restored(expected_sizes, restore_step)
+            logging.warning(
+                "replay: restored the checkpoint of learner step %d, tables %s",
+                restore_step,
+                expected_sizes,
+            )
+
+    def restored_from(self) -> dict[str, Any]:
+        """{"step": the learner step of the checkpoint restored (None: started empty),
+        "table_sizes": its table sizes, which the tables held right after the restore}."""
+        return dict(self._restored)
 
     def _check_restored(self, expected: dict[str, int], step: int) -> None:
         sizes = {name: info["size"] for name, info in self.table_info().items()}
@@ -317,6 +424,39 @@ def _write_manifest(path: str) -> dict[str, int]:
     return sizes
 
 
+class ReplayClient(reverb.Client):
+    """A Reverb client of the replay node that can find the node's server again.
+
+    A restarted replay node normally serves at the same address (the run
+    keeps its port), and Reverb's clients reconnect there by themselves. If
+    the replacement came up elsewhere (another host), `current_address`
+    asks the node (through its program client, which waits for the
+    replacement) where it serves now; `TransitionWriter` does so when its
+    server stops answering.
+
+    Args:
+      replay_node: program client of the replay node (its `address()`).
+      address: the address to connect to; None asks `replay_node`.
+    """
+
+    def __init__(self, replay_node: Any, address: str | None = None):
+        self._replay_node = replay_node
+        super().__init__(address or replay_node.address())
+
+    def current_address(self) -> str:
+        """Where the replay node serves now (blocks while it is being restarted)."""
+        return self._replay_node.address()
+
+    def at(self, address: str) -> "ReplayClient":
+        """A client of the same replay node at `address`."""
+        return ReplayClient(self._replay_node, address)
+
+
+# What a sampler meets when the replay server goes away (a replay restart):
+# worth sampling again after a pause, unlike a decode error.
+CONNECTION_ERRORS = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError)
+
+
 class Batch(NamedTuple):
     """A sampled batch: item keys stay on the host; data goes to the devices."""
 
@@ -356,7 +496,7 @@ def batches(
             keys=sample.info.key,
             probabilities=sample.info.probability,
             table_size=sample.info.table_size,
-            data=sample.data if codec is None else codec.decode(sample.data),
+            data=sample.data if codec is None else codec.decode(sample.data, table),
         )
 
 

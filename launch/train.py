@@ -5,6 +5,9 @@ Examples:
   python -m launch.train --launcher=local --num_actors=1 --logdir=runs/debug
   python -m launch.train --config.batch_size=128 --config.learning_rate=5e-4
   python -m launch.train --ray_address=HEAD_IP:6379  # join an existing Ray cluster
+  python -m launch.train --ray_address=HEAD_IP:6379 --num_learner_hosts=2 \
+      --checkpoint_interval_steps=0  # 2 learner hosts (no multi-host checkpoints yet)
+  python -m launch.train --learner_mode=gorila --num_learners=2 --num_ps_shards=2
 
 Order of precedence for every setting: explicit flag > preset > default.
 """
@@ -156,6 +159,21 @@ _ROLLBACK_LR = flags.DEFINE_float(
 _ROLLBACK_NOISE = flags.DEFINE_float(
     "rollback_param_noise", 0.0, "Std of noise added to parameters after a rollback (0.01)."
 )
+_REPLAY_PORT = flags.DEFINE_integer(
+    "replay_port",
+    0,
+    "The Reverb server's port (kept across replay restarts); 0: a free one. Reverb "
+    "listens on all interfaces: firewall it on hosts reachable from untrusted networks.",
+    lower_bound=0,
+    upper_bound=65535,
+)
+_LEARNER_HOSTS = flags.DEFINE_integer(
+    "num_learner_hosts",
+    1,
+    "Learner processes (one per host, spread over Ray nodes) running each update over all "
+    "their devices with jax.distributed; >1 needs --launcher=ray and --learner_mode=sync.",
+    lower_bound=1,
+)
 
 # ExperimentConfig field -> the flag that sets it.
 _EXPERIMENT_FLAGS = {
@@ -199,6 +217,8 @@ _EXPERIMENT_FLAGS = {
     "max_nonfinite_steps": _MAX_NONFINITE,
     "rollback_lr_factor": _ROLLBACK_LR,
     "rollback_param_noise": _ROLLBACK_NOISE,
+    "num_learner_hosts": _LEARNER_HOSTS,
+    "replay_port": _REPLAY_PORT,
 }
 
 
@@ -235,7 +255,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def make_configs() -> tuple[object, experiment.ExperimentConfig]:
     """Agent config and experiment config from preset and flags, validated."""
     config, preset_settings = presets.load(
-        _PRESET.value, _AGENT.value, _ENV.value, set(_EXPERIMENT_FLAGS)
+        _PRESET.value, _AGENT.value, _ENV.value, set(_EXPERIMENT_FLAGS), _LEARNER_MODE.value
     )
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     if _PRECISION.value is not None:

@@ -27,6 +27,10 @@ class DQNConfig:
       learning_rate_decay_steps: learner steps over which the cosine decays.
       learning_rate_final_fraction: the schedule's floor, as a fraction of the peak.
       adam_eps: Adam's epsilon.
+      adam_b1: Adam's first-moment (momentum) decay. Asynchronous Gorila
+        workers add momentum of their own (a gradient applied s updates late
+        acts like momentum; Mitliagkas et al., 2016), so Gorila runs may want
+        less here.
       max_grad_norm: global-norm clip applied before gradients are split.
       clip_mode: "global" clips the whole gradient to `max_grad_norm`; "layer"
         clips each layer's gradient to `layer_grad_norm` on its own.
@@ -70,6 +74,7 @@ class DQNConfig:
     learning_rate_decay_steps: int = 1_000_000
     learning_rate_final_fraction: float = 0.0
     adam_eps: float = 1.5e-4
+    adam_b1: float = 0.9
     max_grad_norm: float = 2.5
     clip_mode: str = "global"
     layer_grad_norm: float = 1.0
@@ -135,6 +140,9 @@ class DQNConfig:
         ):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"config.{name} must lie in [0, 1], got {getattr(self, name)}")
+        if not 0.0 <= self.adam_b1 < 1.0:
+            # b1 = 1 never lets a new gradient in (and divides by zero in Adam's bias correction).
+            raise ValueError(f"config.adam_b1 must lie in [0, 1), got {self.adam_b1}")
         if any(size <= 0 for size in self.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be positive, got {self.hidden_sizes}")
         if self.precision == "fp16" and self.loss_scale_init < 1:

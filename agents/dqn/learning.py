@@ -68,7 +68,7 @@ def make_optimizer(cfg: config_lib.DQNConfig) -> optax.GradientTransformation:
     schedule = optax.cosine_decay_schedule(
         cfg.learning_rate, cfg.learning_rate_decay_steps, alpha=cfg.learning_rate_final_fraction
     )
-    return optax.adam(schedule, eps=cfg.adam_eps)
+    return optax.adam(schedule, b1=cfg.adam_b1, eps=cfg.adam_eps)
 
 
 def init_train_state(
@@ -165,7 +165,16 @@ def make_update_fns(
         )
         return new._replace(loss_scale=loss_scale)
 
-    return builder_lib.UpdateFns(compute_grads, apply_grads)
+    def track_grads(state: TrainState, grads: precision.CheckedGrads) -> TrainState:
+        # A Gorila worker's loss scale follows its own gradients, as a learner's does.
+        loss_scale = precision.update_loss_scale(
+            state.loss_scale, grads.finite, cfg.loss_scale_period
+        )
+        return state._replace(loss_scale=loss_scale)
+
+    return builder_lib.UpdateFns(
+        compute_grads, apply_grads, track_grads=track_grads if dynamic_scale else None
+    )
 
 
 def with_shard_params(

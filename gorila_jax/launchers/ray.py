@@ -1,8 +1,13 @@
 """The `ray` launcher: one Ray actor process per node, with per-group resources.
 
 Starts a private local Ray cluster unless given the address of an existing one.
-Nodes are built in two phases (create every actor, then construct every node
-with clients of the others), so handles may point in any direction.
+Before any actor starts, `placement.reserve` checks that the cluster can host
+the program (failing at once, with the group and resource named, if it cannot)
+and reserves placement groups: learners spread over hosts, replay and actors
+packed together. Each node's actor goes into its group's bundle, also when it
+is restarted. Nodes are built in two phases (create every actor, then
+construct every node with clients of the others), so handles may point in any
+direction.
 """
 
 import concurrent.futures
@@ -17,6 +22,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from gorila_jax import placement as placement_lib
 from gorila_jax import program as program_lib
 from gorila_jax.launchers import base
 
@@ -180,11 +186,27 @@ def _first_line(error: BaseException) -> str:
 
 
 class RayProgram(base.RunningProgram):
+    """The program's nodes as Ray actors.
+
+    Args:
+      program: the graph to run.
+      owns_cluster: `stop()` also disconnects from (or shuts down) the cluster.
+      reconnect_timeout_s: see `RayClient`.
+      placement: the placement groups reserved for the program; each node's
+        actor (and its replacement after a restart) goes into its bundle.
+        `stop()` releases them. None: Ray schedules every actor anywhere.
+    """
+
     def __init__(
-        self, program: program_lib.Program, owns_cluster: bool, reconnect_timeout_s: float = 0.0
+        self,
+        program: program_lib.Program,
+        owns_cluster: bool,
+        reconnect_timeout_s: float = 0.0,
+        placement: placement_lib.Placement | None = None,
     ):
         super().__init__(program)
         self._owns_cluster = owns_cluster
+        self._placement = placement
         self._stopped = False
         self._reconnect_timeout_s = reconnect_timeout_s
         self._remote_cls = ray.remote(max_concurrency=_MAX_CONCURRENCY)(_NodeActor)
@@ -203,13 +225,16 @@ class RayProgram(base.RunningProgram):
 
     def _create_actor(self, spec: program_lib.NodeSpec, timeout_s: float = 60.0) -> Any:
         resources = self.program.resources(spec.group)
+        if self._placement is not None:
+            # The node's own bundle: a replacement takes the resources its predecessor held.
+            options = self._placement.options(spec.name, resources)
+        else:
+            options = placement_lib.actor_options(resources)
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 return self._remote_cls.options(
-                    name=self._actor_name(spec.name),
-                    namespace=self._namespace,
-                    **_actor_resources(resources),
+                    name=self._actor_name(spec.name), namespace=self._namespace, **options
                 ).remote(spec.name)
             except ValueError:  # the name is still held by the killed predecessor
                 if time.monotonic() >= deadline:
@@ -328,34 +353,10 @@ class RayProgram(base.RunningProgram):
             logging.exception("orderly stop of program %s failed", self.program.name)
         for actor in self._actors.values():
             ray.kill(actor)
+        if self._placement is not None:
+            self._placement.release()  # on a shared cluster the reservation must not outlive us
         if self._owns_cluster:
             ray.shutdown()
-
-
-def _actor_resources(resources: program_lib.Resources) -> dict[str, Any]:
-    """Ray actor options for a group's `Resources`."""
-    options: dict[str, Any] = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
-    if getattr(resources, "memory", 0):
-        options["memory"] = resources.memory
-    if getattr(resources, "custom", None):
-        options["resources"] = dict(resources.custom)
-    return options
-
-
-def _check_resources(program: program_lib.Program) -> None:
-    """Fails fast when an existing cluster cannot host the program at all."""
-    wanted = {"CPU": 0.0, "GPU": 0.0}
-    for spec in program.nodes:
-        resources = program.resources(spec.group)
-        wanted["CPU"] += resources.num_cpus
-        wanted["GPU"] += resources.num_gpus
-    have = ray.cluster_resources()
-    for key, amount in wanted.items():
-        if amount > have.get(key, 0.0):
-            raise RuntimeError(
-                f"program {program.name!r} needs {amount:g} {key} but the Ray cluster has "
-                f"{have.get(key, 0.0):g}; lower the group resources or add nodes"
-            )
 
 
 def launch(
@@ -364,8 +365,9 @@ def launch(
     num_cpus: int | None = None,
     object_store_memory: int | None = None,
     reconnect_timeout_s: float = 0.0,
+    placement_timeout_s: float = 60.0,
 ) -> RayProgram:
-    """Starts every node of `program` as a Ray actor.
+    """Reserves placement groups for `program`, then starts every node as a Ray actor.
 
     Args:
       program: the graph to run.
@@ -376,6 +378,12 @@ def launch(
       object_store_memory: bytes for the private cluster's object store.
       reconnect_timeout_s: how long a call to a dead node waits for its
         restart before it fails (`RayClient`); 0 fails at once.
+      placement_timeout_s: how long Ray may take to reserve the placement
+        groups (resources that exist but are held by other work).
+
+    Raises:
+      placement.UnplaceableError: at once if the cluster lacks what a group
+        asks for, or after `placement_timeout_s` if it could not be reserved.
     """
     if ray.is_initialized():
         owns_cluster = False
@@ -396,8 +404,12 @@ def launch(
         _connect(address)
         owns_cluster = True  # our connection only; the cluster itself keeps running
     try:
-        _check_resources(program)
-        return RayProgram(program, owns_cluster, reconnect_timeout_s)
+        reserved = placement_lib.reserve(program, timeout_s=placement_timeout_s)
+        try:
+            return RayProgram(program, owns_cluster, reconnect_timeout_s, reserved)
+        except BaseException:
+            reserved.release()
+            raise
     except BaseException:
         if owns_cluster:
             ray.shutdown()

@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from agents import dqn
-from gorila_jax import checkpoint, experiment, launchers, monitor, program
+from gorila_jax import checkpoint, experiment, launchers, monitor, program, replay
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
 
@@ -358,3 +358,67 @@ def test_kill_9_of_the_learner_restarts_it_from_its_newest_checkpoint(tmp_path, 
         assert values == sorted(values), f"{column} went backwards after the kill"
     # It went on checkpointing after the restart.
     assert checkpoint.saved_steps(tmp_path)[-1] > seen["killed_at"]
+
+
+def _replay_restored_from() -> dict:
+    """What the live replay node restored when it was built (`ReplayNode.restored_from`)."""
+    import ray
+
+    for named in ray.util.list_named_actors(all_namespaces=True):
+        if named["name"].endswith("/replay/0"):
+            node = ray.get_actor(named["name"], namespace=named["namespace"])
+            return ray.get(node.call.remote("restored_from", (), {}), timeout=60)
+    raise AssertionError("no replay node in the Ray cluster")
+
+
+@pytest.mark.slow
+def test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect(tmp_path, ray_options):
+    settings = {**_RAY_SETTINGS, "num_actors": 1, "checkpoint_interval_steps": 40}
+    cfg = _experiment(tmp_path, total_env_steps=10**9, **settings)
+    replay_dir = checkpoint.replay_dir(tmp_path)
+
+    def kill_replay():
+        assert fakes.wait_until(
+            lambda: _learner_steps(tmp_path) > 60 and replay.newest_intact_checkpoint(replay_dir),
+            timeout_s=240,
+        )
+        newest = replay.newest_intact_checkpoint(replay_dir)
+        sizes = replay.check_checkpoint(os.path.join(replay_dir, str(newest)))
+        status = _node_status(tmp_path)
+        old_pid = status["replay/0"]["pid"]
+        killed_at = {
+            "learner_steps": _learner_steps(tmp_path),
+            "env_steps": _env_steps(tmp_path, "actor/0"),
+        }
+        os.kill(old_pid, signal.SIGKILL)
+        # The same actor and learner (no restarts of theirs) go on through the new replay.
+        recovered = fakes.wait_until(
+            lambda: (
+                _node_status(tmp_path).get("replay/0", {}).get("restarts") == 1
+                and _learner_steps(tmp_path) > killed_at["learner_steps"] + 40
+                and _env_steps(tmp_path, "actor/0") > killed_at["env_steps"] + 300
+            ),
+            timeout_s=240,
+        )
+        return {
+            "newest": newest,
+            "sizes": sizes,
+            "killed_at": killed_at,
+            "recovered": recovered,
+            "restored": _replay_restored_from() if recovered else None,
+        }
+
+    summary, seen = _run_with(dqn.DQNBuilder(CONFIG), cfg, ray_options, kill_replay)
+    assert seen["recovered"], "actor and learner did not go on after the replay restart"
+    (restart,) = summary["restarts"]  # the replay's only: nobody else crashed meanwhile
+    assert restart["node"] == "replay/0" and "died" in restart["reason"]
+    restored = seen["restored"]
+    assert restored["step"] >= seen["newest"] > 0
+    for table, size in seen["sizes"].items():
+        assert restored["table_sizes"][table] >= size > 0
+    assert summary["learner_steps"] > seen["killed_at"]["learner_steps"] + 40
+    assert summary["env_steps"] > seen["killed_at"]["env_steps"] + 300
+    rows = _csv_rows(tmp_path)
+    for column in ("env_steps", "learner_steps"):
+        values = [row[column] for row in rows]
+        assert values == sorted(values), f"{column} went backwards after the kill"

@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import functools
+import os
 
 import chex
 import jax
@@ -12,6 +13,7 @@ import pytest
 from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import (
+    checkpoint,
     compression,
     envs,
     experiment,
@@ -30,8 +32,10 @@ SEED = 3
 CONFIG = dataclasses.replace(TINY, min_replay_size=100)
 
 
-def _gorila_program(num_shards: int, max_staleness: int, **worker_options) -> program.Program:
-    builder = dqn.DQNBuilder(CONFIG)
+def _gorila_program(
+    num_shards: int, max_staleness: int, config: dqn.DQNConfig = CONFIG, **worker_options
+) -> program.Program:
+    builder = dqn.DQNBuilder(config)
     graph = program.Program("gorila-test")
     with graph.group("replay"):
         replay_node = graph.add_node(
@@ -205,8 +209,8 @@ def test_actors_receive_parameter_deltas_that_track_the_shards():
     assert delta_bytes <= 3 * full_bytes / 2 + 1  # three deltas at bfloat16: half each
 
 
-def test_a_gorila_run_applies_updates_through_the_shards_and_reports_them(tmp_path):
-    exp = experiment.ExperimentConfig(
+def _gorila_experiment(tmp_path, **overrides) -> experiment.ExperimentConfig:
+    settings = dict(
         launcher="local",
         learner_mode="gorila",
         num_learners=2,
@@ -218,14 +222,22 @@ def test_a_gorila_run_applies_updates_through_the_shards_and_reports_them(tmp_pa
         eval_interval_s=0,
         eval_episodes=2,
         log_interval_s=0.5,
+        checkpoint_interval_steps=50,
         logdir=str(tmp_path),
     )
-    config = dataclasses.replace(CONFIG, min_replay_size=500, samples_per_insert=2.0)
-    summary = experiment.run_experiment(dqn.DQNBuilder(config), exp)
+    return experiment.ExperimentConfig(**{**settings, **overrides})
+
+
+GORILA_RUN_CONFIG = dataclasses.replace(CONFIG, min_replay_size=500, samples_per_insert=2.0)
+
+
+def test_a_gorila_run_applies_updates_through_the_shards_and_reports_them(tmp_path):
+    summary = experiment.run_experiment(
+        dqn.DQNBuilder(GORILA_RUN_CONFIG), _gorila_experiment(tmp_path)
+    )
     assert summary["learner_steps"] > 0  # applied updates, summed over workers
     # Each applied update raised both shards' versions; actors read their sum.
     assert summary["params_version"] >= summary["learner_steps"]
-    assert not (tmp_path / "checkpoints" / "learner").exists()  # Gorila mode does not save yet
     with open(tmp_path / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     for column in (
@@ -242,6 +254,89 @@ def test_a_gorila_run_applies_updates_through_the_shards_and_reports_them(tmp_pa
     # The workers' applied gradients are the run's learner steps.
     assert float(rows[-1]["gradients_applied"]) == float(rows[-1]["learner_steps"]) > 0
     assert float(rows[-1]["bytes_per_update"]) > 0
+
+
+def test_a_gorila_run_resumes_from_its_checkpoint_with_shards_and_counters_continued(tmp_path):
+    builder = dqn.DQNBuilder(GORILA_RUN_CONFIG)
+    first = experiment.run_experiment(builder, _gorila_experiment(tmp_path))
+    steps = checkpoint.saved_steps(tmp_path)
+    assert len(steps) >= 2  # periodic ones (every 50 global updates) and the final one
+    final = steps[-1]
+    # The final checkpoint comes after the workers stopped: the shards' last versions.
+    assert final == round(first["params_version"] / 2)
+    replay_steps = sorted(
+        int(d) for d in os.listdir(checkpoint.replay_dir(tmp_path)) if d.isdigit()
+    )
+    assert replay_steps == steps  # each checkpoint has its replay beside it
+
+    second = experiment.run_experiment(
+        builder, _gorila_experiment(tmp_path, total_env_steps=5_000, resume=True)
+    )
+    assert second["resumed_from_learner_step"] == final
+    assert second["env_steps"] >= 5_000 > first["env_steps"]
+    assert second["learner_steps"] > first["learner_steps"]  # worker counters went on
+    assert second["params_version"] > first["params_version"]  # shard versions went on
+    with open(tmp_path / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for column in ("env_steps", "learner_steps", "gradients_applied"):
+        values = [float(row[column]) for row in rows if row[column]]
+        assert values == sorted(values), f"{column} goes backwards in metrics.csv"
+
+
+def test_a_restored_shard_serves_the_checkpoint_even_to_readers_holding_newer_versions(tmp_path):
+    layout = _shard_layout(2)
+    builder = dqn.DQNBuilder(CONFIG)
+    with launchers.launch(_gorila_program(2, -1), "local") as running:
+        worker = running.client("gradient_worker")
+        devices = jax.devices()[:1]
+        for seed in range(2):
+            worker.step_on(None, parallel.shard_to_devices(_random_batch(seed), devices))
+        shards = [running.client(f"parameter_server/{i}") for i in range(2)]
+        saved = {"shards": [shard.snapshot() for shard in shards]}
+        checkpoints = checkpoint.LearnerCheckpoints(str(tmp_path))
+        checkpoints.save(2, saved, {})
+        checkpoints.close()
+        for seed in range(2, 5):
+            worker.step_on(None, parallel.shard_to_devices(_random_batch(seed), devices))
+        reader = parameter_server.ShardedParameters(shards, layout, delta_receiver="actor/0")
+        newer_version, _ = reader.get_params()
+        assert newer_version == 2 * 5
+        # A replacement shard 1 (restore_step NEWEST, as the supervisor starts one).
+        replacement = program.Program("replacement")
+        with replacement.group("parameter_server"):
+            replacement.add_node(
+                gorila.ParameterShardNode,
+                builder,
+                SPEC,
+                SEED,
+                1,
+                2,
+                -1,
+                checkpoint_dir=str(tmp_path),
+                restore_step=learner.NEWEST,
+            )
+        with launchers.launch(replacement, "local") as restarted:
+            restored = restarted.client("parameter_server")
+            assert restored.get(-1)[0] == 2
+            np.testing.assert_array_equal(restored.get(-1)[1], saved["shards"][1]["params"])
+            chex.assert_trees_all_equal(
+                restored.snapshot()["opt_state"], saved["shards"][1]["opt_state"]
+            )
+            # A reader that held version 5 of that shard takes the restored
+            # slice although its version is lower.
+            reader._shards[1] = restored
+            version, params = reader.get_params(newer_version)
+    assert version == 5 + 2
+    restored_slice = layout.flatten(params)[layout.slices[1]]
+    np.testing.assert_array_equal(restored_slice, saved["shards"][1]["params"])
+
+
+def test_a_restarted_shard_without_a_checkpoint_fails_instead_of_starting_over(tmp_path):
+    builder = dqn.DQNBuilder(CONFIG)
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint to restore"):
+        gorila.ParameterShardNode(
+            builder, SPEC, SEED, 0, 2, -1, checkpoint_dir=str(tmp_path), restore_step=learner.NEWEST
+        )
 
 
 def test_gorila_figures_sum_over_workers():
@@ -275,6 +370,29 @@ def test_gorila_mode_refuses_an_agent_without_a_single_gradient():
     with pytest.raises(ValueError, match="learner_mode=gorila needs an agent"):
         gorila.check_agent(_WholeStepOnly(CONFIG), SPEC)
     gorila.check_agent(dqn.DQNBuilder(CONFIG), SPEC)  # DQN's update is one gradient
+
+
+def test_a_workers_fp16_loss_scale_grows_after_finite_gradients_and_halves_on_overflow():
+    config = dataclasses.replace(
+        CONFIG, precision="fp16", loss_scale_init=256.0, loss_scale_period=2
+    )
+    devices = jax.devices()[:1]
+    with launchers.launch(_gorila_program(2, -1, config=config), "local") as running:
+        worker = running.client("gradient_worker")
+        scales = []
+        for seed in range(4):
+            assert worker.step_on(None, parallel.shard_to_devices(_random_batch(seed), devices))
+            scales.append(worker.latest_metrics()["loss_scale"])
+        overflow = _random_batch(9)
+        overflow.data.observation[5, 0] = np.inf
+        assert not worker.step_on(None, parallel.shard_to_devices(overflow, devices))
+        worker.step_on(None, parallel.shard_to_devices(_random_batch(10), devices))
+        after_overflow = worker.latest_metrics()["loss_scale"]
+        shard_versions = [running.client(f"parameter_server/{i}").get()[0] for i in range(2)]
+    # The scale each gradient was computed with: doubled after every 2 finite ones.
+    assert scales == [256.0, 256.0, 512.0, 512.0]
+    assert after_overflow == 512.0  # 1024 after the 4th, halved by the overflow
+    assert shard_versions == [5, 5]  # the overflowed gradient never reached a shard
 
 
 def test_a_worker_copies_to_its_devices_only_the_leaves_it_replaced():

@@ -54,7 +54,7 @@ def test_a_push_applies_the_optimizer_and_bumps_the_version_once():
     version, params = shard.get()
     assert version == 1
     np.testing.assert_allclose(params, [0.5, 0.0, -0.5, -1.0])
-    assert shard.get(newer_than=1) is None
+    assert shard.get(held_version=1) is None
 
 
 def test_concurrent_pushes_each_apply_once_and_lose_nothing():

@@ -188,21 +188,71 @@ def test_resources_held_by_other_work_fail_after_the_timeout_not_never(cluster):
     assert "PENDING" not in states  # the failed reservation was removed, not left queued
 
 
-@pytest.mark.timeout(300)
-def test_a_learner_restarted_after_its_node_is_removed_lands_on_a_live_node(cluster):
-    """The restart path: Ray re-reserves the lost bundle; the new actor, given the same
-    placement, starts on a surviving node. Runs last: it shrinks the shared cluster."""
+def _wait_until_idle(timeout_s: float = 60.0) -> None:
+    """Waits for the previous tests' actors to give their CPUs back (ray.kill is asynchronous):
+    a soft SPREAD falls back to one node when only one has room."""
     import ray
 
-    graph = _graph({"learner": (program.Resources(num_cpus=1), 2)})
-    reserved = placement.reserve(graph, timeout_s=60)
-    where = ray.remote(_Where)
-    try:
-        learners = {
-            name: where.options(**reserved.options(name, graph.resources("learner"))).remote()
-            for name in ("learner/0", "learner/1")
-        }
-        nodes = {name: ray.get(a.node_id.remote(), timeout=120) for name, a in learners.items()}
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("CPU", 0) < ray.cluster_resources().get("CPU", 0):
+        assert time.monotonic() < deadline, "the cluster's CPUs were not released"
+        time.sleep(0.2)
+
+
+def _learner_graph() -> program.Program:
+    """Two learner nodes (one CPU each) that say where they run, as a launched program."""
+    graph = program.Program("placement-launch")
+    with graph.group("learner", program.Resources(num_cpus=1)):
+        for _ in range(2):
+            handle = graph.add_node(_Where)
+            graph.node(handle.name).restartable(lambda counters: {})
+    return graph
+
+
+@pytest.mark.timeout(300)
+def test_the_ray_launcher_spreads_a_learner_group_and_releases_its_reservation(cluster):
+    import ray
+
+    from gorila_jax import launchers
+
+    def reserved_for_this_program() -> list[str]:
+        return [
+            group["state"]
+            for group in ray.util.placement_group_table().values()
+            if group["name"].startswith("placement-launch-")
+        ]
+
+    with launchers.launch(_learner_graph(), "ray") as running:
+        nodes = {name: running.client(name).node_id() for name in ("learner/0", "learner/1")}
+        assert reserved_for_this_program() == ["CREATED"]  # one group: the learner rule
+    assert nodes["learner/0"] != nodes["learner/1"]
+    assert reserved_for_this_program() == ["REMOVED"]  # stop() gave the resources back
+
+
+@pytest.mark.timeout(60)
+def test_the_ray_launcher_refuses_an_impossible_program_at_once(cluster):
+    from gorila_jax import launchers
+
+    gpu_learners = _graph({"learner": (program.Resources(num_gpus=1), 2)})
+    with pytest.raises(placement.UnplaceableError, match="group 'learner' asks for 1 GPU"):
+        launchers.launch(gpu_learners, "ray")
+
+
+@pytest.mark.timeout(300)
+def test_a_learner_whose_node_is_removed_is_restarted_by_the_supervisor_on_a_live_node(cluster):
+    """The restart path end to end: the launcher reports the lost node's actor dead, the
+    supervisor restarts it, and the replacement, placed in its group's bundle (which Ray
+    re-reserves), runs on a surviving node. Runs last: it shrinks the shared cluster."""
+    import ray
+
+    from gorila_jax import launchers, monitor
+
+    _wait_until_idle()
+    with launchers.launch(_learner_graph(), "ray") as running:
+        nodes = {name: running.client(name).node_id() for name in ("learner/0", "learner/1")}
+        supervisor = monitor.Supervisor(
+            running, monitor.MonitorNode(), 0.0, 0.0, max_restarts=1, startup_timeout_s=240
+        )
         # Remove a learner's node that is not the head (the driver is connected there).
         lost_name, lost_node_id = next(
             (name, node_id)
@@ -211,11 +261,13 @@ def test_a_learner_restarted_after_its_node_is_removed_lands_on_a_live_node(clus
         )
         lost = next(n for n in cluster.list_all_nodes() if n.node_id == lost_node_id)
         cluster.remove_node(lost)
-        with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(learners[lost_name].node_id.remote(), timeout=120)
-        replacement = where.options(**reserved.options(lost_name, graph.resources("learner")))
-        new_node = ray.get(replacement.remote().node_id.remote(), timeout=180)
-    finally:
-        reserved.release()
+        lines: list[str] = []
+        deadline = time.monotonic() + 180  # a liveness bound for Ray noticing the loss
+        while not lines and time.monotonic() < deadline:
+            lines = supervisor.check()
+            time.sleep(0.5)
+        assert len(lines) == 1 and f"restarted {lost_name}" in lines[0] and "died" in lines[0]
+        new_node = running.client(lost_name).node_id()
+        assert supervisor.check() == []  # the replacement is healthy
     alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert new_node in alive and new_node != lost_node_id

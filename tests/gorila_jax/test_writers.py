@@ -1,9 +1,11 @@
-"""n-step accumulation against hand computations, including episode ends and truncation."""
+"""n-step accumulation against hand computations, including episode ends and truncation;
+a writer following a replay node that moved."""
 
 import numpy as np
 import pytest
+import reverb
 
-from gorila_jax import writers
+from gorila_jax import replay, writers
 
 GAMMA = 0.5
 
@@ -108,3 +110,42 @@ def test_vectorized_matches_a_per_env_reference():
         obs = next_obs
     assert len(got) == len(expected) > 100
     np.testing.assert_allclose(sorted(got), sorted(expected), rtol=1e-5)
+
+
+class _MovingReplayNode:
+    """A replay node's program client whose server address the test moves."""
+
+    def __init__(self, address: str):
+        self.current = address
+
+    def address(self) -> str:
+        return self.current
+
+
+def test_a_writer_follows_a_replay_node_restarted_at_another_address():
+    codec = replay.ItemCodec(np.zeros(4, np.float32))
+
+    def server():
+        limiter = reverb.rate_limiters.MinSize(1)
+        return reverb.Server([replay.uniform_table("t", 1000, limiter, codec.signature())])
+
+    old, new = server(), server()
+    node = _MovingReplayNode(f"localhost:{old.port}")
+    writer = writers.TransitionWriter(
+        replay.ReplayClient(node), "t", max_pending=4, probe_after_s=0.5
+    )
+    items = codec.encode(np.ones((4, 4), np.float32))
+    try:
+        writer.write(items, np.ones(4))
+        writer.flush()
+        old.stop()  # the old replay process is gone; its replacement serves elsewhere
+        node.current = f"localhost:{new.port}"
+        writer.write(items, np.ones(4))  # unconfirmed when the server went away: lost
+        writer.flush()
+        writer.write(items, np.ones(4))
+        writer.flush()
+        size = reverb.Client(node.current).server_info()["t"].current_size
+        assert size + writer.items_lost == 8 and size >= 4
+    finally:
+        writer.close()
+        new.stop()

@@ -1,5 +1,7 @@
 """Presets: the brief's per-game table, `auto` by env id, preset files and their errors."""
 
+import dataclasses
+
 import pytest
 
 from launch import presets
@@ -61,3 +63,12 @@ def test_bad_preset_files_are_rejected_with_the_reason(tmp_path, content, messag
     with pytest.raises(ValueError) as error:
         presets.load(str(path), "dqn", "Pong-v5", EXPERIMENT_FIELDS)
     assert message in str(error.value)
+
+
+def test_gorila_mode_lowers_adams_momentum_in_the_dqn_cartpole_preset_only():
+    sync, _ = presets.load("auto", "dqn", "CartPole-v1", EXPERIMENT_FIELDS)
+    gorila, _ = presets.load("auto", "dqn", "CartPole-v1", EXPERIMENT_FIELDS, "gorila")
+    assert sync.adam_b1 == 0.9 and gorila.adam_b1 == presets.GORILA_CARTPOLE_B1 < 0.9
+    assert gorila == dataclasses.replace(sync, adam_b1=presets.GORILA_CARTPOLE_B1)
+    pong, _ = presets.load("auto", "dqn", "Pong-v5", EXPERIMENT_FIELDS, "gorila")
+    assert pong.adam_b1 == 0.9  # measured on CartPole only

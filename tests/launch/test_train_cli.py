@@ -36,6 +36,7 @@ def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
         (["--config.batch_size=abc"], "batch_size"),
         (["--config.batch_size=0"], "config.batch_size must be positive"),
         (["--config.discount=1.5"], "config.discount must lie in [0, 1]"),
+        (["--config.adam_b1=1.0"], "config.adam_b1 must lie in [0, 1)"),
         (["stray_argument"], "unexpected arguments"),
         (["--preset=nosuch"], "unknown preset 'nosuch'"),
         (["--preset=/tmp/gorila-no-such-preset.yaml"], "does not exist"),
@@ -45,6 +46,13 @@ def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
         (["--learner_mode=hogwild"], "--learner_mode"),
         (["--compression=twobit"], "--compression"),
         (["--num_ps_shards=0"], "--num_ps_shards"),
+        (["--num_learner_hosts=0"], "--num_learner_hosts"),
+        (["--num_learner_hosts=2", "--launcher=local"], "num_learner_hosts=2 needs launcher=ray"),
+        (
+            ["--num_learner_hosts=2", "--learner_mode=gorila"],
+            "num_learner_hosts=2 needs learner_mode=sync",
+        ),
+        (["--num_learner_hosts=2"], "set checkpoint_interval_steps=0"),
         (["--agent=ppo", "--learner_mode=gorila"], "learner_mode=gorila needs an agent"),
         (
             ["--agent=sac", "--env=Pendulum-v1", "--learner_mode=gorila"],

@@ -1,0 +1,96 @@
+"""Gorila nodes under the supervisor: a killed gradient worker and shard are replaced.
+
+Real Ray processes killed with SIGKILL, as in test_fault_nodes.py.
+"""
+
+import os
+import signal
+
+import pytest
+
+from agents import dqn
+from gorila_jax import checkpoint
+from tests import fakes
+from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
+from tests.gorila_jax.test_fault_nodes import _RAY_SETTINGS, _node_status, _run_with
+
+
+def _counter(logdir, node: str, name: str) -> int:
+    return int(_node_status(logdir).get(node, {}).get("counters", {}).get(name, 0))
+
+
+def _pid(logdir, node: str) -> int | None:
+    return _node_status(logdir).get(node, {}).get("pid")
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_gradient_worker_and_a_shard_restarts_both_and_updates_go_on(
+    tmp_path, ray_options
+):
+    settings = {
+        **_RAY_SETTINGS,
+        "num_actors": 1,
+        "learner_mode": "gorila",
+        "num_learners": 2,
+        "num_ps_shards": 2,
+        "ps_cpus": 0.25,
+        "learner_cpus": 0.25,
+        "checkpoint_interval_steps": 40,
+    }
+    cfg = _experiment(tmp_path, total_env_steps=10**9, **settings)
+    worker, shard = "gradient_worker/1", "parameter_server/1"
+
+    def kill_worker_then_shard():
+        assert fakes.wait_until(
+            lambda: (
+                _counter(tmp_path, worker, "applied") > 20
+                and len(checkpoint.saved_steps(tmp_path)) > 0
+            ),
+            timeout_s=240,
+        )
+        worker_pid = _pid(tmp_path, worker)
+        applied_at_kill = _counter(tmp_path, worker, "applied")
+        os.kill(worker_pid, signal.SIGKILL)
+        worker_back = fakes.wait_until(
+            lambda: (
+                _pid(tmp_path, worker) not in (None, worker_pid)
+                and _counter(tmp_path, worker, "applied") > applied_at_kill + 10
+            ),
+            timeout_s=240,
+        )
+        shard_pid = _pid(tmp_path, shard)
+        newest = checkpoint.saved_steps(tmp_path)[-1]
+        shard_applied = _counter(tmp_path, shard, "shard_applied")
+        os.kill(shard_pid, signal.SIGKILL)
+        shard_back = fakes.wait_until(
+            lambda: (
+                _pid(tmp_path, shard) not in (None, shard_pid)
+                and _counter(tmp_path, shard, "shard_applied") > 10
+            ),
+            timeout_s=240,
+        )
+        # Updates go on through both shards after the restart.
+        steps_after = _counter(tmp_path, "gradient_worker/0", "applied")
+        going_on = fakes.wait_until(
+            lambda: _counter(tmp_path, "gradient_worker/0", "applied") > steps_after + 10,
+            timeout_s=120,
+        )
+        return {
+            "applied_at_kill": applied_at_kill,
+            "worker_back": worker_back,
+            "shard_back": shard_back,
+            "going_on": going_on,
+            "newest_before_shard_kill": newest,
+            "shard_applied_before_kill": shard_applied,
+        }
+
+    summary, seen = _run_with(dqn.DQNBuilder(CONFIG), cfg, ray_options, kill_worker_then_shard)
+    assert seen["worker_back"], "no replacement gradient worker applied updates"
+    assert seen["shard_back"], "no replacement shard applied updates"
+    assert seen["going_on"], "updates stopped after the shard restart"
+    assert [r["node"] for r in summary["restarts"]] == [worker, shard]
+    assert all("died" in r["reason"] for r in summary["restarts"])
+    # The replacement worker continued its counters instead of starting at 0.
+    assert _counter(tmp_path, worker, "applied") > seen["applied_at_kill"]
+    # Checkpoints went on after both restarts, past the one the shard restored.
+    assert checkpoint.saved_steps(tmp_path)[-1] > seen["newest_before_shard_kill"]
