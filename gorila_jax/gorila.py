@@ -187,7 +187,7 @@ def _restore(directory: str, step: int, template: Any) -> tuple[int, Any]:
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
-    """Run-wide Gorila figures from what workers and shards report (see their `_report`).
+    """Run-wide Gorila figures from what workers report (`GradientWorkerNode._metrics`).
 
     Sums the per-worker counters over workers: gradients applied and dropped
     (stale, outlier, non-finite), mean staleness and bytes per pushed update.
@@ -543,11 +543,14 @@ class GradientWorkerNode(program.Worker):
 
     def run(self) -> None:
         # Beats while the first gradient compiles and while replay is below its minimum.
+        # Counters and the metrics made from them travel together, so the
+        # run's `gradients_applied` always equals its `learner_steps`.
         heartbeat = monitor_lib.Heartbeat(
             self._monitor,
             f"gradient_worker/{self._index}",
             self._heartbeat_counters,
             self._report_interval_s,
+            metrics=self._metrics,
         ).start()
         try:
             self._run()
@@ -559,16 +562,12 @@ class GradientWorkerNode(program.Worker):
             self._finished.set()
 
     def _run(self) -> None:
-        last_report = 0.0
         while not self.stopping:
             self.step()
-            if time.monotonic() - last_report >= self._report_interval_s:
-                self._report()
-                last_report = time.monotonic()
             interval = self._checkpoint_interval
             if interval and self.global_step() - self._last_checkpoint_step >= interval:
                 self.save_checkpoint()
-        self._report(block=True)  # the driver's summary and the final checkpoint read it
+        self._report()  # the driver's summary and the final checkpoint read it
         if self._checkpoints is not None:
             self._close_priorities()  # the final checkpoint holds every priority sent
             self.save_checkpoint()
@@ -617,14 +616,16 @@ class GradientWorkerNode(program.Worker):
     def _heartbeat_counters(self) -> dict[str, int]:
         return {**self.counters, "learner_steps": self.counters["applied"]}
 
-    def _report(self, block: bool = False) -> None:
+    def _metrics(self, counters: dict[str, int]) -> dict[str, float]:
+        """What the monitor logs of this worker: its counters and its agent's latest metrics."""
+        values = {**self.latest_metrics(), **counters}
+        return {f"worker{self._index}/{name}": value for name, value in values.items()}
+
+    def _report(self) -> None:
         if self._monitor is None:
             return
-        prefix = f"worker{self._index}/"
-        values = {**self.latest_metrics(), **self.counters}
-        metrics = {prefix + name: value for name, value in values.items()}
-        report = self._monitor.report if block else self._monitor.futures.report
-        report(f"gradient_worker/{self._index}", self._heartbeat_counters(), metrics=metrics)
+        counters = self._heartbeat_counters()
+        self._monitor.report(f"gradient_worker/{self._index}", counters, self._metrics(counters))
 
     def _close_priorities(self) -> None:
         if self._priorities is not None:

@@ -145,7 +145,9 @@ class Heartbeat:
 
     Apart from the node's work loop on purpose: a loop stuck in a hung
     environment still heartbeats, with counters that no longer move, which
-    the supervisor tells apart from a dead process.
+    the supervisor tells apart from a dead process. With `metrics`, each beat
+    also carries `metrics(counters)`, made from the same counters, so a
+    metric derived from a counter never lags it in the monitor.
     """
 
     def __init__(
@@ -154,8 +156,10 @@ class Heartbeat:
         name: str,
         counters: Callable[[], dict[str, float]],
         interval_s: float,
+        metrics: Callable[[dict[str, float]], dict[str, float]] | None = None,
     ):
         self._monitor, self._name, self._counters = monitor, name, counters
+        self._metrics = metrics
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{name}", daemon=True)
@@ -168,7 +172,9 @@ class Heartbeat:
     def _loop(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                self._monitor.report(self._name, self._counters(), pid=os.getpid())
+                counters = self._counters()
+                metrics = self._metrics(counters) if self._metrics is not None else None
+                self._monitor.report(self._name, counters, metrics=metrics, pid=os.getpid())
             except Exception:  # noqa: BLE001  a monitor that is away misses one beat
                 logging.warning("%s: heartbeat to the monitor failed", self._name, exc_info=True)
 
