@@ -136,6 +136,20 @@ class LearnerCheckpoints:
         _check_same_structure(restored.state, target, step)
         return restored.state, restored.meta
 
+    def restore_newest(self, target: Any, owner: str) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, meta) of the newest checkpoint that loads, or None if none does.
+
+        Damaged ones are skipped with a warning naming `owner` (the node).
+        """
+        for step in reversed(self.steps()):
+            try:
+                state, meta = self.restore(step, target)
+            except Exception:  # noqa: BLE001  a damaged one: try the one before
+                logging.warning("%s: checkpoint %d does not load", owner, step, exc_info=True)
+                continue
+            return step, state, meta
+        return None
+
     def close(self) -> None:
         self._manager.close()
 

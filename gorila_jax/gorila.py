@@ -174,14 +174,12 @@ def _restore(directory: str, step: int, template: Any) -> tuple[int, Any]:
     try:
         if step != learner.NEWEST:
             return step, checkpoints.restore(step, template)[0]
-        for candidate in reversed(checkpoints.steps()):
-            try:
-                return candidate, checkpoints.restore(candidate, template)[0]
-            except Exception:  # noqa: BLE001  a damaged checkpoint: try the one before
-                logging.warning("checkpoint %d does not load", candidate, exc_info=True)
-        raise checkpoint.CheckpointError(
-            f"a restarted shard has no checkpoint to restore in {directory}: its slice is lost"
-        )
+        newest = checkpoints.restore_newest(template, "parameter_server")
+        if newest is None:
+            raise checkpoint.CheckpointError(
+                f"a restarted shard has no checkpoint to restore in {directory}: its slice is lost"
+            )
+        return newest[0], newest[1]
     finally:
         checkpoints.close()
 

@@ -418,20 +418,16 @@ class LearnerNode(program.Worker):
         return state, int(meta["learner_steps"])
 
     def _restore_newest(self, fresh: Any) -> tuple[Any, int]:
-        target = jax.device_get(fresh)
-        for step in reversed(self._checkpoints.steps()):
-            try:
-                state, meta = self._checkpoints.restore(step, target)
-            except Exception:  # noqa: BLE001  a damaged one: try the one before
-                logging.warning("%s: checkpoint %d does not load", self._name, step, exc_info=True)
-                continue
-            self._guard_meta = meta.get("numeric_guard", {})
-            self.rollbacks = int(self._guard_meta.get("rollbacks", 0))
-            self._started_from = step
-            logging.warning("%s: restarted from the checkpoint of step %d", self._name, step)
-            return state, int(meta["learner_steps"])
-        logging.warning("%s: restarted without a checkpoint to load: fresh state", self._name)
-        return fresh, 0
+        newest = self._checkpoints.restore_newest(jax.device_get(fresh), self._name)
+        if newest is None:
+            logging.warning("%s: restarted without a checkpoint to load: fresh state", self._name)
+            return fresh, 0
+        step, state, meta = newest
+        self._guard_meta = meta.get("numeric_guard", {})
+        self.rollbacks = int(self._guard_meta.get("rollbacks", 0))
+        self._started_from = step
+        logging.warning("%s: restarted from the checkpoint of step %d", self._name, step)
+        return state, int(meta["learner_steps"])
 
     def batch_size(self) -> int:
         """The global batch the schedule gives at the current learner step."""
@@ -594,17 +590,10 @@ class LearnerNode(program.Worker):
         with self._state_lock:
             target = jax.device_get(parallel.unreplicate(self._state))
             guard = jax.device_get(parallel.unreplicate(self._guard))
-            state, step = None, None
-            for step in reversed(self._checkpoints.steps()):
-                try:
-                    state, _ = self._checkpoints.restore(step, target)
-                    break
-                except Exception:  # noqa: BLE001  a damaged one: try the one before
-                    logging.warning(
-                        "%s: checkpoint %d does not load", self._name, step, exc_info=True
-                    )
-            if state is None:
+            newest = self._checkpoints.restore_newest(target, self._name)
+            if newest is None:
                 raise NumericalFault(f"{self._name}: {why} and no checkpoint loads")
+            step, state, _ = newest
             state = self._perturbed(state)
             lr_scale = float(guard.lr_scale) * self._rollback_lr_factor
             self._state = parallel.replicate(state, self._devices)
