@@ -11,9 +11,13 @@ same length runs first, for the final-return comparison. Last line: JSON.
   python bench/fault_soak.py --duration_s=600 --kill_interval_s=60 --baseline
   python bench/fault_soak.py --duration_s=120 --kill_interval_s=30   # a short check
 
-The replay node is not a target: its restart is not implemented yet.
+The replay node may be a target (`--targets=actor,learner,replay`): it sends
+no heartbeats, so it counts as recovered when a new replay process runs and
+the learner's steps move past their value at the kill (the learner samples
+again). It restarts on the same port and restores its newest checkpoint.
 """
 
+import csv
 import json
 import os
 import random
@@ -28,7 +32,9 @@ from absl import app, flags
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DURATION = flags.DEFINE_float("duration_s", 600.0, "Wall-clock length of each run.")
 _KILL_INTERVAL = flags.DEFINE_float("kill_interval_s", 60.0, "Seconds between kills.")
-_TARGETS = flags.DEFINE_list("targets", ["actor", "learner"], "Node groups that may be killed.")
+_TARGETS = flags.DEFINE_list(
+    "targets", ["actor", "learner", "replay"], "Node groups that may be killed."
+)
 _BASELINE = flags.DEFINE_bool("baseline", False, "Also run an undisturbed run for comparison.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the run and of the victim choice.")
 _TRAIN_FLAGS = flags.DEFINE_list(
@@ -76,35 +82,60 @@ def _progress(status: dict) -> float:
     return counters.get("env_steps", counters.get("learner_steps", 0))
 
 
+def _watched(status: dict, name: str) -> dict:
+    """The node whose progress shows that `name` works again: itself, or for the
+    replay (no heartbeats) the learner that samples from it."""
+    return status.get("learner/0", {}) if name.startswith("replay") else status.get(name, {})
+
+
 def _kill_one(logdir: str, rng: random.Random, timeout_s: float) -> dict | None:
     status = _read_status(logdir)
     victims = [
         name
         for name, node in status.items()
-        if name.split("/")[0] in _TARGETS.value and node.get("pid") and node.get("counters")
+        if name.split("/")[0] in _TARGETS.value
+        and node.get("pid")
+        and _watched(status, name).get("counters")
     ]
     if not victims:
         return None
     name = rng.choice(victims)
     victim = status[name]
-    os.kill(victim["pid"], signal.SIGKILL)
+    progress_at_kill = _progress(_watched(status, name))
+    try:
+        os.kill(victim["pid"], signal.SIGKILL)
+    except ProcessLookupError:  # nodes.json is older than the node's end (a restart, the stop)
+        return None
     killed = time.monotonic()
-    record = {"node": name, "progress_at_kill": _progress(victim), "recovered_s": None}
+    record = {"node": name, "progress_at_kill": progress_at_kill, "recovered_s": None}
     while time.monotonic() - killed < timeout_s:
-        now = _read_status(logdir).get(name, {})
-        if now.get("pid") not in (None, victim["pid"]) and _progress(now) > _progress(victim):
+        status_now = _read_status(logdir)
+        now = status_now.get(name, {})
+        replaced = now.get("pid") not in (None, victim["pid"])
+        if replaced and _progress(_watched(status_now, name)) > progress_at_kill:
             record["recovered_s"] = time.monotonic() - killed
             if name.startswith("learner"):
                 started_from = now["counters"].get("started_from_step", -1)
-                record["learner_steps_lost"] = _progress(victim) - max(started_from, 0)
+                record["learner_steps_lost"] = progress_at_kill - max(started_from, 0)
             break
         time.sleep(0.5)
     return record
 
 
 def _summary(logdir: str) -> dict:
-    with open(os.path.join(logdir, "summary.json")) as f:
-        return json.load(f)
+    """The run's summary.json; a run that ended without one reports its last metrics row."""
+    try:
+        with open(os.path.join(logdir, "summary.json")) as f:
+            return json.load(f)
+    except OSError:
+        with open(os.path.join(logdir, "metrics.csv")) as f:
+            last = list(csv.DictReader(f))[-1]
+        return {
+            "summary_missing": True,
+            "env_steps": int(float(last["env_steps"])),
+            "learner_steps": int(float(last["learner_steps"])),
+            "final_eval_return": float(last["eval_return"]),
+        }
 
 
 def soak(duration_s: float, kill_interval_s: float) -> dict:
@@ -114,8 +145,10 @@ def soak(duration_s: float, kill_interval_s: float) -> dict:
     start = time.monotonic()
     kills = []
     next_kill = start + kill_interval_s
+    # No kill in the last interval: the run stops before a victim could recover.
+    last_kill = start + duration_s - kill_interval_s
     while process.poll() is None:
-        if time.monotonic() >= next_kill:
+        if last_kill >= time.monotonic() >= next_kill:
             record = _kill_one(logdir, rng, timeout_s=kill_interval_s)
             if record is not None:
                 kills.append(record)
@@ -136,6 +169,7 @@ def soak(duration_s: float, kill_interval_s: float) -> dict:
         "env_steps": summary["env_steps"],
         "learner_steps": summary["learner_steps"],
         "final_eval_return": summary["final_eval_return"],
+        "summary_missing": summary.get("summary_missing", False),
     }
 
 

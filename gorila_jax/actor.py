@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, parameter_server, program, replay, types, writers
+from gorila_jax import envs, parameter_server, program, replay, sharded_replay, types, writers
 from gorila_jax import monitor as monitor_lib
 
 
@@ -78,6 +78,8 @@ class ActorNode(program.Worker):
       actor_index: this actor's index; keys and env seeds derive from it.
       num_actors: how many actors the program has (for per-actor exploration).
       replay_client, learner, monitor: clients of those nodes (monitor may be None).
+        `replay_client` may be the list of a sharded replay's shards: the actor
+        writes to its assigned one, `sharded_replay.assigned_shard`.
       seed: root seed of the experiment.
       num_envs: envs in this actor's envpool.
       param_pull_interval: actor steps between parameter requests.
@@ -96,7 +98,7 @@ class ActorNode(program.Worker):
         spec: types.EnvSpec,
         actor_index: int,
         num_actors: int,
-        replay_client: program.Client,
+        replay_client: program.Client | list[program.Client],
         learner: program.Client | list[program.Client],
         monitor: program.Client | None,
         seed: int,
@@ -124,6 +126,10 @@ class ActorNode(program.Worker):
         env_key = jax.random.fold_in(self._key, self.env_steps) if self.env_steps else self._key
         self._env_seed = int(jax.random.randint(env_key, (), 0, 2**31 - 1))
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
+        if isinstance(replay_client, (list, tuple)):
+            replay_client = replay_client[
+                sharded_replay.assigned_shard(actor_index, len(replay_client))
+            ]
         self._replay_node = replay_client
         self._replay_address = replay_client.address()
         self.param_version = -1

@@ -4,7 +4,8 @@ Layout under `<logdir>/checkpoints/`:
   learner/<step>/   orbax: `state` (the agent's train state, an opaque pytree)
                     and `meta` (JSON: counters, evaluations, replay sizes)
   replay/<step>/    the Reverb checkpoint taken at the same learner step
-                    (written by `replay.ReplayNode.checkpoint`)
+                    (written by `replay.ReplayNode.checkpoint`); a replay of
+                    K > 1 shards has replay/shard_<k>/<step>/ for each shard
 
 The learner checkpoint at step N is written after the replay checkpoint at N
 is complete, and old replay checkpoints are deleted only after that, so a
@@ -30,6 +31,7 @@ from gorila_jax import replay
 
 LEARNER_DIR = "learner"
 REPLAY_DIR = "replay"
+REPLAY_SHARD_PREFIX = "shard_"
 CONFIG_FILE = "config.json"
 
 
@@ -46,8 +48,31 @@ def learner_dir(logdir: str) -> str:
     return os.path.join(checkpoint_root(logdir), LEARNER_DIR)
 
 
-def replay_dir(logdir: str) -> str:
-    return os.path.join(checkpoint_root(logdir), REPLAY_DIR)
+def replay_dir(logdir: str, shard: int = 0, num_shards: int = 1) -> str:
+    """Where replay shard `shard` of `num_shards` checkpoints: `replay/` for a single
+    replay (the layout of runs from before sharding, which still resume),
+    `replay/shard_<k>/` for each of several."""
+    root = os.path.join(checkpoint_root(logdir), REPLAY_DIR)
+    return root if num_shards == 1 else os.path.join(root, f"{REPLAY_SHARD_PREFIX}{shard}")
+
+
+def saved_replay_dirs(logdir: str) -> list[str]:
+    """The replay checkpoint directory of each shard the run in `logdir` had (one: `replay/`).
+
+    A shard's directory missing in between is listed all the same: its
+    checkpoints then fail to load, as a damaged checkpoint does.
+    """
+    root = replay_dir(logdir)
+    names = os.listdir(root) if os.path.isdir(root) else []
+    shards = [
+        int(name.removeprefix(REPLAY_SHARD_PREFIX))
+        for name in names
+        if name.startswith(REPLAY_SHARD_PREFIX) and name.removeprefix(REPLAY_SHARD_PREFIX).isdigit()
+    ]
+    if not shards:
+        return [root]
+    count = max(shards) + 1
+    return [replay_dir(logdir, shard, count) for shard in range(count)]
 
 
 def saved_steps(logdir: str) -> list[int]:
@@ -198,7 +223,8 @@ def restore_newest(
             try:
                 state, meta = checkpoints.restore(step, target)
                 if need_replay:
-                    replay.check_checkpoint(os.path.join(replay_dir(logdir), str(step)))
+                    for directory in saved_replay_dirs(logdir):
+                        replay.check_checkpoint(os.path.join(directory, str(step)))
                 return Restored(step, state, meta)
             except Exception as error:  # noqa: BLE001  any failure means: use an older one
                 detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
@@ -285,7 +311,7 @@ def remove_newer(logdir: str, step: int) -> None:
     The resumed run writes its own history from `step` on; a stale newer
     checkpoint would otherwise pass for the newest one.
     """
-    for root in (learner_dir(logdir), replay_dir(logdir)):
+    for root in (learner_dir(logdir), *saved_replay_dirs(logdir)):
         if not os.path.isdir(root):
             continue
         for name in os.listdir(root):

@@ -1,4 +1,9 @@
-"""The Gorila program graph for any agent, and the driver loop that runs and reports it."""
+"""The driver loop that runs a Gorila program for any agent and reports it.
+
+The run's settings are `ExperimentConfig` (experiment_config.py); its
+nodes and their wiring are `wiring.make_program` (wiring.py). Both are
+re-exported here, the one module experiment scripts import.
+"""
 
 import contextlib
 import dataclasses
@@ -11,388 +16,21 @@ import threading
 import time
 from typing import Any, Iterator
 
-import portpicker
-
-
-from gorila_jax import actor, checkpoint, envs, evaluation, launchers, learner, metrics, monitor
+from gorila_jax import balance, checkpoint, elastic, envs, evaluation, gorila, launchers
+from gorila_jax import metrics, monitor, parameter_server, types
 from gorila_jax import builder as builder_lib
 from gorila_jax import program as program_lib
-from gorila_jax import compression, gorila, multihost, parameter_server, replay, types
+from gorila_jax.experiment_config import LEARNER_MODES, ExperimentConfig
+from gorila_jax.wiring import add_actor, make_program, remove_actor
 
-
-LEARNER_MODES = ("sync", "gorila")
-
-
-@dataclasses.dataclass
-class ExperimentConfig:
-    """Settings of one run that are not the agent's hyperparameters.
-
-    Attributes:
-      env_id: envpool task id.
-      num_actors: actor nodes.
-      num_envs_per_actor: envs in each actor's envpool.
-      env_threads_per_actor: envpool worker threads in each actor.
-      param_pull_interval: actor steps between parameter pulls from the learner.
-      total_env_steps: the run stops once actors have taken this many env steps.
-      seed: root seed; every node's key and env seed derive from it.
-      logdir: where metrics.csv, TensorBoard events and summary.json go.
-      launcher: "local" (threads in one process) or "ray" (a process per node).
-      ray_address: an existing Ray cluster to join; None starts a private one.
-      num_learner_devices: local devices the learner pmaps over; 0 takes all.
-      learner_gpus: GPUs the learner node asks Ray for.
-      learner_cpus, replay_cpus, cpus_per_actor: CPUs each node asks Ray for;
-        fractions let more nodes than cores share one machine.
-      eval_episodes: greedy episodes per evaluation, and for the final one.
-      eval_interval_s: seconds between evaluations during training; 0 disables them.
-      stop_at_eval_return: end the run early once an evaluation reaches this mean return.
-      max_wall_time_s: end the run after this many seconds; 0 means no limit.
-      log_interval_s: seconds between progress lines and metric rows.
-      checkpoint_interval_steps: learner steps between checkpoints of learner
-        and replay (in `<logdir>/checkpoints`); one more is taken when the run
-        stops. 0 disables checkpoints. It bounds what a crash loses: a
-        restarted replay node restores the newest replay checkpoint, so the
-        items written since it (about this many learner steps' worth) are lost.
-      max_checkpoints_to_keep: older checkpoints are deleted. A replay
-        checkpoint holds the whole buffer (gigabytes for Atari).
-      resume: continue the run in `logdir` from its newest usable checkpoint.
-        Without it, a run in a logdir that has checkpoints deletes them.
-      tf32: TensorFloat-32 matmuls in the learner (GPUs only; CPUs ignore it).
-      learner_mode: "sync" (one pmapped learner) or "gorila" (asynchronous
-        gradient workers and parameter-server shards; gorila_jax/gorila.py).
-      num_learners: Gorila gradient workers.
-      num_ps_shards: Gorila parameter-server shards.
-      max_staleness: a shard drops gradients computed on parameters more than
-        this many of its versions old; negative accepts any.
-      staleness_lr_scaling: shards scale each update by 1 / (1 + its staleness).
-      async_update: a gradient worker pulls fresh parameters every this many gradients.
-      compression: how gradients travel to the shards (compression.GRADIENT_SCHEMES).
-      outlier_stds: a worker drops gradients whose loss is more than this many
-        standard deviations above its running mean; 0 disables the rule.
-      ps_cpus: CPUs each parameter-server shard asks Ray for.
-      heartbeat_interval_s: seconds between the heartbeats (counters) that
-        actors and learner send the monitor.
-      heartbeat_timeout_s: a node that sent no heartbeat for this long is
-        declared dead and restarted; 0 only watches processes.
-      stall_timeout_s: a node that heartbeats but whose counters did not move
-        for this long (a hung environment) is restarted; 0 disables.
-      startup_timeout_s: how long a (re)started node may take to be built and
-        to make its first progress.
-      max_restarts: restarts allowed per node (the ray launcher replaces a
-        faulty node's process); one fault more, or any fault under the local
-        launcher, fails the run with the reason. 0 fails at the first fault.
-      max_nonfinite_steps: the learner skips updates with a non-finite loss or
-        gradient; after this many in a row it rolls back to its newest
-        checkpoint (0: skips only, never rolls back).
-      rollback_lr_factor: each rollback multiplies the learner's learning-rate
-        scale by this (`learner.scale_update`).
-      rollback_param_noise: standard deviation of Gaussian noise added to the
-        trainable parameters after a rollback (the brief suggests 0.01); 0: none.
-      num_learner_hosts: learner processes, one per host, that run every update
-        together over all their devices (`jax.distributed`; the learner
-        group's nodes learner/0 .. learner/H-1, spread over Ray nodes). Needs
-        launcher=ray, learner_mode=sync and (for now) checkpoint_interval_steps=0
-        when above 1. Such a learner is not restarted: losing one of its
-        processes fails the run.
-      replay_port: the Reverb server's port; 0 picks a free one at launch. The
-        port stays the same when the replay node is restarted, so writers and
-        samplers find it again. Reverb listens on every interface of its host.
-    """
-
-    env_id: str = "CartPole-v1"
-    num_actors: int = 2
-    num_envs_per_actor: int = 8
-    env_threads_per_actor: int = 1
-    param_pull_interval: int = 5
-    total_env_steps: int = 100_000
-    seed: int = 0
-    logdir: str = "runs/latest"
-    launcher: str = "ray"
-    ray_address: str | None = None
-    num_learner_devices: int = 0
-    learner_gpus: float = 0.0
-    learner_cpus: float = 1.0
-    replay_cpus: float = 1.0
-    cpus_per_actor: float = 1.0
-    eval_episodes: int = 10
-    eval_interval_s: float = 5.0
-    stop_at_eval_return: float | None = None
-    max_wall_time_s: float = 0.0
-    log_interval_s: float = 2.0
-    checkpoint_interval_steps: int = 5000
-    max_checkpoints_to_keep: int = 2
-    resume: bool = False
-    tf32: bool = False
-    learner_mode: str = "sync"
-    num_learners: int = 2
-    num_ps_shards: int = 2
-    max_staleness: int = 8
-    staleness_lr_scaling: bool = False
-    async_update: int = 1
-    compression: str = "none"
-    outlier_stds: float = 4.0
-    ps_cpus: float = 0.5
-    heartbeat_interval_s: float = 1.0
-    heartbeat_timeout_s: float = 30.0
-    stall_timeout_s: float = 300.0
-    startup_timeout_s: float = 300.0
-    max_restarts: int = 3
-    max_nonfinite_steps: int = 10
-    rollback_lr_factor: float = 0.5
-    rollback_param_noise: float = 0.0
-    replay_port: int = 0
-    num_learner_hosts: int = 1
-
-    @property
-    def saves_checkpoints(self) -> bool:
-        return self.checkpoint_interval_steps > 0
-
-    def validate(self) -> None:
-        """Raises ValueError naming the first setting that cannot work."""
-        for name in (
-            "num_actors",
-            "num_envs_per_actor",
-            "env_threads_per_actor",
-            "param_pull_interval",
-            "total_env_steps",
-            "eval_episodes",
-            "log_interval_s",
-            "max_checkpoints_to_keep",
-            "num_learners",
-            "num_ps_shards",
-            "async_update",
-            "heartbeat_interval_s",
-            "startup_timeout_s",
-            "num_learner_hosts",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        for name in (
-            "num_learner_devices",
-            "learner_gpus",
-            "learner_cpus",
-            "replay_cpus",
-            "cpus_per_actor",
-            "eval_interval_s",
-            "max_wall_time_s",
-            "checkpoint_interval_steps",
-            "outlier_stds",
-            "ps_cpus",
-            "heartbeat_timeout_s",
-            "stall_timeout_s",
-            "max_restarts",
-            "max_nonfinite_steps",
-            "rollback_param_noise",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.launcher not in launchers.LAUNCHERS:
-            raise ValueError(
-                f"launcher must be one of {launchers.LAUNCHERS}, got {self.launcher!r}"
-            )
-        envs.check_env_id(self.env_id)
-        if self.learner_mode not in LEARNER_MODES:
-            raise ValueError(
-                f"learner_mode must be one of {LEARNER_MODES}, got {self.learner_mode!r}"
-            )
-        if self.compression not in compression.GRADIENT_SCHEMES:
-            raise ValueError(
-                f"compression must be one of {compression.GRADIENT_SCHEMES}, "
-                f"got {self.compression!r}"
-            )
-        if self.heartbeat_timeout_s and self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
-            raise ValueError(
-                f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed twice "
-                f"heartbeat_interval_s ({self.heartbeat_interval_s}), or one late beat kills a node"
-            )
-        if self.num_learner_hosts > 1 and self.launcher != "ray":
-            raise ValueError(
-                f"num_learner_hosts={self.num_learner_hosts} needs launcher=ray (a process per "
-                f"learner host), got launcher={self.launcher!r}"
-            )
-        if self.num_learner_hosts > 1 and self.learner_mode != "sync":
-            raise ValueError(
-                f"num_learner_hosts={self.num_learner_hosts} needs learner_mode=sync, "
-                f"got learner_mode={self.learner_mode!r}"
-            )
-        if self.num_learner_hosts > 1 and self.checkpoint_interval_steps:
-            raise ValueError(
-                f"num_learner_hosts={self.num_learner_hosts}: {learner.MULTIHOST_CHECKPOINTS}"
-            )
-        if not 0 <= self.replay_port < 65536:
-            raise ValueError(f"replay_port must be in 0..65535, got {self.replay_port}")
-        if not 0 < self.rollback_lr_factor <= 1:
-            raise ValueError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
-        if self.resume and not self.checkpoint_interval_steps:
-            raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
-        if self.resume and not checkpoint.saved_steps(self.logdir):
-            raise ValueError(
-                f"resume: no checkpoint in {checkpoint.learner_dir(self.logdir)} "
-                "(is --logdir the one of the run to continue?)"
-            )
-
-
-def make_program(
-    builder: builder_lib.AgentBuilder,
-    cfg: ExperimentConfig,
-    spec: types.EnvSpec,
-    resume: checkpoint.Restored | None = None,
-) -> program_lib.Program:
-    """The Gorila graph: replay, monitor, learner, actors and an evaluator.
-
-    With `resume`, every node starts from that checkpoint: learner state and
-    replay from its step, counters, returns and evaluations from its meta.
-    """
-    program = program_lib.Program("gorila")
-    no_cpu = program_lib.Resources(num_cpus=0)
-    saving = cfg.saves_checkpoints
-    restore_step = resume.step if resume else None
-    meta = resume.meta if resume else {}
-    with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
-        replay_node = program.add_node(
-            replay.ReplayNode,
-            functools.partial(builder.replay_tables, spec),
-            # One port for the whole run: a restarted replay serves at the same
-            # address, and Reverb's clients reconnect to it by themselves.
-            port=cfg.replay_port or portpicker.pick_unused_port(),
-            checkpoint_dir=checkpoint.replay_dir(cfg.logdir) if saving else None,
-            restore_step=restore_step,
-        )
-    program.node(replay_node.name).restartable(functools.partial(_restart_replay, saving))
-    with program.group("monitor", no_cpu):
-        monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
-    restored_counters = meta.get("node_counters", {})
-    if cfg.learner_mode == "gorila":
-        shards = gorila.add_nodes(
-            program,
-            builder,
-            cfg,
-            spec,
-            replay_node,
-            monitor_node,
-            checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
-            restore_step=restore_step,
-            restored_counters=restored_counters,
-        )
-        _add_actors_and_evaluator(
-            program, builder, cfg, spec, replay_node, shards, monitor_node, restored_counters
-        )
-        return program
-    multihost_kwargs = [{}]
-    if cfg.num_learner_hosts > 1:
-        with program.group("learner_rendezvous", no_cpu):
-            rendezvous = program.add_node(multihost.Rendezvous)
-        multihost_kwargs = [
-            dict(
-                num_learner_hosts=cfg.num_learner_hosts,
-                learner_process_id=process_id,
-                rendezvous=rendezvous,
-            )
-            for process_id in range(cfg.num_learner_hosts)
-        ]
-    with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
-        learner_nodes = [
-            program.add_node(
-                learner.LearnerNode,
-                builder,
-                spec,
-                replay_node,
-                monitor_node,
-                cfg.seed,
-                num_devices=cfg.num_learner_devices,
-                checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
-                checkpoint_interval_steps=cfg.checkpoint_interval_steps,
-                max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
-                restore_step=restore_step,
-                tf32=cfg.tf32,
-                report_interval_s=cfg.heartbeat_interval_s,
-                max_nonfinite_steps=cfg.max_nonfinite_steps,
-                rollback_lr_factor=cfg.rollback_lr_factor,
-                rollback_param_noise=cfg.rollback_param_noise,
-                **kwargs,
-            )
-            for kwargs in multihost_kwargs
-        ]
-    learner_node = learner_nodes[0]  # the chief: actors and evaluator read its parameters
-    if cfg.num_learner_hosts == 1:
-        # A multi-host learner is not restarted: one replaced process cannot rejoin
-        # the others' jax.distributed job, so losing one fails the run.
-        program.node(learner_node.name).restartable(functools.partial(_restart_learner, saving))
-    _add_actors_and_evaluator(
-        program,
-        builder,
-        cfg,
-        spec,
-        replay_node,
-        learner_node,
-        monitor_node,
-        restored_counters,
-    )
-    return program
-
-
-def _add_actors_and_evaluator(
-    program: program_lib.Program,
-    builder: builder_lib.AgentBuilder,
-    cfg: ExperimentConfig,
-    spec: types.EnvSpec,
-    replay_node: program_lib.Handle,
-    params_from: program_lib.Handle | list[program_lib.Handle],
-    monitor_node: program_lib.Handle,
-    restored_counters: dict[str, dict[str, int]] | None = None,
-) -> None:
-    """Actors, and the evaluator if evaluations are on; both read parameters
-    from `params_from`: the learner, or the list of Gorila shards."""
-    if cfg.eval_interval_s > 0:
-        with program.group("evaluator", program_lib.Resources(num_cpus=0)):
-            program.add_node(
-                evaluation.EvaluatorNode,
-                builder,
-                spec,
-                params_from,
-                monitor_node,
-                cfg.seed,
-                cfg.eval_episodes,
-                cfg.eval_interval_s,
-            )
-    nodes = (replay_node, params_from, monitor_node)
-    restored_counters = restored_counters or {}
-    with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
-        for index in range(cfg.num_actors):
-            handle = program.add_node(
-                actor.ActorNode,
-                builder,
-                spec,
-                index,
-                cfg.num_actors,
-                *nodes,
-                cfg.seed,
-                cfg.num_envs_per_actor,
-                cfg.param_pull_interval,
-                env_threads=cfg.env_threads_per_actor,
-                restored_counters=restored_counters.get(f"actor/{index}"),
-                report_interval_s=cfg.heartbeat_interval_s,
-            )
-            # A replacement acts with the same index (seed offset) and config,
-            # and continues the counters (and exploration schedule) it reported last.
-            program.node(handle.name).restartable(monitor.continue_counters)
-
-
-def _restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
-    """A replacement replay restores its newest intact checkpoint (or starts empty).
-
-    It loses the items written since that checkpoint: at most
-    `checkpoint_interval_steps` learner steps' worth of inserts.
-    """
-    del counters  # the replay sends no heartbeats: its state is its checkpoint
-    return {"restore_step": replay.NEWEST if saving else None}
-
-
-def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
-    """A replacement learner resumes from its newest checkpoint; its step count goes on."""
-    return {
-        "restore_step": learner.NEWEST if saving else None,
-        "restored_counters": counters,
-    }
+__all__ = [
+    "LEARNER_MODES",
+    "ExperimentConfig",
+    "add_actor",
+    "make_program",
+    "remove_actor",
+    "run_experiment",
+]
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -457,10 +95,17 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _drive(running: Any, cfg: ExperimentConfig, logger: metrics.MetricsLogger, start: float) -> str:
+def _drive(
+    running: Any,
+    cfg: ExperimentConfig,
+    logger: metrics.MetricsLogger,
+    start: float,
+    scaler: elastic.ActorScaler,
+) -> str:
     """Polls the monitor, logs rows, until a stop condition (or an interrupt); returns why.
 
-    Each poll the supervisor restarts dead, silent and stalled nodes.
+    Each poll the supervisor restarts dead, silent and stalled nodes, and
+    the `scaler` adds or removes actors (control file, elastic policy, data balance).
 
     Raises:
       monitor.RunFailed: a node failed and may not be restarted (again).
@@ -483,6 +128,8 @@ def _drive(running: Any, cfg: ExperimentConfig, logger: metrics.MetricsLogger, s
                 print(line, flush=True)
             elapsed = time.monotonic() - start
             snapshot = monitor_client.snapshot()
+            for line in scaler.poll(snapshot, monitor_client.node_counters):
+                print(line, flush=True)
             reason = _done(cfg, snapshot, elapsed)
             if reason or elapsed - previous["wall_time_s"] >= cfg.log_interval_s:
                 _write_node_status(
@@ -490,8 +137,9 @@ def _drive(running: Any, cfg: ExperimentConfig, logger: metrics.MetricsLogger, s
                     monitor_client.node_status(),
                     supervisor.restarts,
                     running.process_ids(),
+                    _removed_counters(running, monitor_client),
                 )
-                row = _row(snapshot, previous, elapsed)
+                row = {**_row(snapshot, previous, elapsed), **scaler.row_fields()}
                 logger.write(row)
                 print(metrics.progress_line(row) + gorila.progress_suffix(row), flush=True)
                 previous = row
@@ -500,17 +148,51 @@ def _drive(running: Any, cfg: ExperimentConfig, logger: metrics.MetricsLogger, s
     return reason
 
 
+def _actor_scaler(
+    running: Any, builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+) -> elastic.ActorScaler:
+    """The driver's hand on the actor count: control file, elastic policy, data balance."""
+    tracker = None
+    if cfg.balance_interval_s:
+        tracker = balance.BalanceTracker(cfg.balance_factor, cfg.balance_interval_s)
+    return elastic.ActorScaler(
+        cfg.logdir,
+        functools.partial(add_actor, running, builder, cfg, spec),
+        functools.partial(remove_actor, running),
+        lambda: [node.name for node in running.active_nodes("actor")],
+        cfg.min_actors,
+        cfg.max_actors,
+        cfg.elastic_policy,
+        tracker,
+        cfg.balance_replace,
+        apply_existing=cfg.resume,
+    )
+
+
+def _removed_counters(running: Any, monitor_client: program_lib.Client) -> dict[str, dict]:
+    """The final counters of every node removed from the run."""
+    if not running.removed_nodes:
+        return {}
+    counters = monitor_client.node_counters()
+    return {name: counters.get(name, {}) for name in running.removed_nodes}
+
+
 NODE_STATUS_FILE = "nodes.json"
 
 
 def _write_node_status(
-    logdir: str, status: dict[str, Any], restarts: dict[str, int], pids: dict[str, int]
+    logdir: str,
+    status: dict[str, Any],
+    restarts: dict[str, int],
+    pids: dict[str, int],
+    removed: dict[str, dict[str, float]] | None = None,
 ) -> None:
     """`<logdir>/nodes.json`: each node's pid, heartbeat age, counters and restarts.
 
     For operators (which process is actor/3, is it beating), fault tests and
     memory benchmarks. Nodes without heartbeats (replay, monitor) get their
-    pid from the launcher.
+    pid from the launcher. Removed nodes keep their final counters, marked
+    `"removed": true`.
     """
     record = {
         name: {
@@ -520,6 +202,8 @@ def _write_node_status(
         }
         for name, count in restarts.items()
     }
+    for name, counters in (removed or {}).items():
+        record[name] = {"counters": counters, "removed": True}
     path = os.path.join(logdir, NODE_STATUS_FILE)
     with open(path + ".tmp", "w") as f:
         json.dump(record, f, indent=2)
@@ -533,7 +217,7 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
     Stopped actors insert nothing more and have reported their last counters,
     so the final replay checkpoint and the counters saved with it agree.
     """
-    actors = [running.client(f"actor/{index}") for index in range(cfg.num_actors)]
+    actors = [running.client(node.name) for node in running.active_nodes("actor")]
     for node in actors:
         node.stop()
     if cfg.eval_interval_s > 0:
@@ -605,7 +289,7 @@ def run_experiment(
         launchers.launch(program, cfg.launcher, **launcher_options) as running,
         _sigterm_as_interrupt(),
     ):
-        reason = _drive(running, cfg, logger, start)
+        reason = _drive(running, cfg, logger, start, _actor_scaler(running, builder, cfg, spec))
         print(f"stopping: {reason}", flush=True)
         _stop_in_order(running, cfg)
         params_version, params = _final_params(running, builder, cfg, spec)

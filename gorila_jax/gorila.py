@@ -9,7 +9,6 @@ too many versions old are dropped (at the shard), and gradients whose loss is
 an outlier for that worker are dropped (at the worker).
 """
 
-import functools
 import logging
 import math
 import threading
@@ -19,7 +18,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import reverb
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import monitor as monitor_lib
@@ -32,6 +30,7 @@ from gorila_jax import (
     precision,
     program,
     replay,
+    sharded_replay,
     types,
 )
 
@@ -344,7 +343,8 @@ class GradientWorkerNode(program.Worker):
 
     Args:
       builder, spec: the agent and the environment.
-      replay_client: the replay node; the worker samples and updates priorities.
+      replay_client: the replay node, or a list of the replay shards' nodes; the
+        worker samples across all of them and updates priorities.
       shards: clients of all parameter-server shards, in shard order.
       monitor: the monitor node (or None when driven by hand).
       seed: root seed (the shards build the same initial parameters from it).
@@ -367,7 +367,7 @@ class GradientWorkerNode(program.Worker):
         self,
         builder: builder_lib.AgentBuilder,
         spec: types.EnvSpec,
-        replay_client: program.Client,
+        replay_client: program.Client | list[program.Client],
         shards: list[program.Client],
         monitor: program.Client | None,
         seed: int,
@@ -391,8 +391,7 @@ class GradientWorkerNode(program.Worker):
         self._async_update, self._report_interval_s = async_update, report_interval_s
         self._devices = parallel.local_devices(num_devices)
         builder.validate(len(self._devices))
-        self._replay = replay_client
-        self._server_address = replay_client.address()
+        self._replay = sharded_replay.ReplayShards(replay_client)
         self._codec = builder.item_codec(spec)
         key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + worker_index)
         self._layout, _ = parameter_server.initial_layout(builder, spec, seed, len(shards))
@@ -459,15 +458,13 @@ class GradientWorkerNode(program.Worker):
         self._state = state
 
     def _start_sampling(self) -> None:
-        make_batches = functools.partial(
-            learner.sampler, self._server_address, self._builder.sample_table, self._codec
+        make_batches = learner.sampler(
+            self._replay, self._builder.sample_table, self._codec, self._stop_event
         )
         self._prefetcher = learner.DevicePrefetcher(
             make_batches, self._batch_size, self._devices, self._stop_event
         )
-        self._priorities = replay.PriorityUpdater(
-            reverb.Client(self._server_address), self._builder.sample_table
-        )
+        self._priorities = self._replay.priority_updater(self._builder.sample_table)
 
     def _batch_size(self) -> int:
         return builder_lib.batch_size_at(self._builder.batch_schedule, int(self._state.step))

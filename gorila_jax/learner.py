@@ -15,10 +15,10 @@ from typing import Any, Callable, Iterator, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import reverb
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import checkpoint, multihost, parallel, precision, program, replay, types
+from gorila_jax import sharded_replay
 from gorila_jax import monitor as monitor_lib
 
 
@@ -212,7 +212,7 @@ class DevicePrefetcher:
                     batch.data, batch.probabilities, batch.table_size
                 )
                 on_device = parallel.shard_to_devices(sampled, self._devices)
-                self._put((batch.keys, on_device))
+                self._put((replay.row_keys(batch), on_device))
         except BaseException as error:  # noqa: BLE001  handed to the learner thread in get()
             self._error = error
 
@@ -225,7 +225,11 @@ class DevicePrefetcher:
                 continue
 
     def get(self, timeout: float) -> tuple[np.ndarray, Any] | None:
-        """The next (keys, device batch), or None if none came within `timeout`."""
+        """The next (keys, device batch), or None if none came within `timeout`.
+
+        keys: the batch's item keys, with their shards for a sharded replay
+        (`replay.row_keys`), as the priority updater takes them.
+        """
         if self._error is not None:
             raise RuntimeError("sampling from replay failed") from self._error
         try:
@@ -235,10 +239,18 @@ class DevicePrefetcher:
 
 
 def sampler(
-    server_address: str, table: str, codec: replay.ItemCodec, batch_size: int
-) -> Iterator[replay.Batch]:
-    """`replay.batches` with the batch size last, as `DevicePrefetcher` calls it."""
-    return replay.batches(server_address, table, batch_size, codec)
+    replay_shards: sharded_replay.ReplayShards,
+    table: str,
+    codec: replay.ItemCodec,
+    stop_event: threading.Event,
+) -> Callable[[int], Iterator[replay.Batch]]:
+    """batch size -> batches across every replay shard, as `DevicePrefetcher` calls it.
+
+    Each shard's address is asked of its node whenever its dataset is
+    (re)built, so a shard restarted at another address is sampled again.
+    The shards' sampling threads end once `stop_event` is set.
+    """
+    return replay_shards.sampler(table, codec, stop_event).batches
 
 
 NEWEST = -1  # restore_step: the newest checkpoint that loads
@@ -250,7 +262,8 @@ class LearnerNode(program.Worker):
     Args:
       builder: the agent.
       spec: the environment's spec.
-      replay_client: client of the replay node.
+      replay_client: client of the replay node, or a list of the replay shards'
+        clients (`sharded_replay`): batches are drawn across all of them.
       monitor: client of the monitor node (or None when driven by hand).
       seed: root seed; the learner's key is fold_in(seed key, 0).
       num_devices: local devices to pmap over; 0 takes them all.
@@ -295,7 +308,7 @@ class LearnerNode(program.Worker):
         self,
         builder: builder_lib.AgentBuilder,
         spec: types.EnvSpec,
-        replay_client: program.Client,
+        replay_client: program.Client | list[program.Client],
         monitor: program.Client | None,
         seed: int,
         num_devices: int = 0,
@@ -333,7 +346,8 @@ class LearnerNode(program.Worker):
         self._rollback_param_noise = rollback_param_noise
         self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
         precision.use_tf32(tf32)
-        self._builder, self._monitor, self._replay = builder, monitor, replay_client
+        self._builder, self._monitor = builder, monitor
+        self._replay = sharded_replay.ReplayShards(replay_client)
         self._report_interval_s = report_interval_s
         self._devices = parallel.local_devices(num_devices)
         self._num_processes = num_learner_hosts
@@ -343,7 +357,6 @@ class LearnerNode(program.Worker):
                 f"every learner process uses all its devices ({jax.local_device_count()}); use 0"
             )
         builder.validate(num_learner_hosts * len(self._devices))
-        self._server_address = replay_client.address()
         self._codec = builder.item_codec(spec)
         self._checkpoints = None
         if checkpoint_dir is not None and self._process_group is not None:
@@ -393,6 +406,9 @@ class LearnerNode(program.Worker):
         if self._is_chief:
             self._published = parallel.unreplicate(builder.actor_params(self._state))
         self._host_params: tuple[int, Any] | None = None
+        # Parameter bytes sent to readers (actors, evaluator, per-host caches),
+        # so the saving of a per-host cache (gorila_jax/param_cache.py) is measured.
+        self._params_bytes_served = 0
         self._prefetcher: DevicePrefetcher | None = None
         self._priorities: replay.PriorityUpdater | None = None
         self._last_info: builder_lib.StepInfo | None = None
@@ -468,13 +484,12 @@ class LearnerNode(program.Worker):
         return self._last_batch_size
 
     def _start_sampling(self) -> None:
-        make_batches = functools.partial(
-            sampler, self._server_address, self._builder.sample_table, self._codec
+        make_batches = sampler(
+            self._replay, self._builder.sample_table, self._codec, self._stop_event
         )
         rows = self.batch_size if self._process_group is None else self.local_batch_size
         self._prefetcher = DevicePrefetcher(make_batches, rows, self._devices, self._stop_event)
-        client = reverb.Client(self._server_address)
-        self._priorities = replay.PriorityUpdater(client, self._builder.sample_table)
+        self._priorities = self._replay.priority_updater(self._builder.sample_table)
 
     def step(self, timeout: float = 1.0) -> bool:
         """One update on one batch. Returns False if no batch came within `timeout`."""
@@ -738,6 +753,7 @@ class LearnerNode(program.Worker):
         if self._last_info is not None:
             metrics = {k: float(np.asarray(v)[0]) for k, v in self._last_info.metrics.items()}
             metrics["batch_size"] = self._last_batch_size
+        metrics["params_bytes_served"] = float(self.params_bytes_served())
         report = self._monitor.report if block else self._monitor.futures.report
         report(self._name, self._heartbeat_counters(), metrics=metrics)
 
@@ -757,7 +773,15 @@ class LearnerNode(program.Worker):
         if cached is None or cached[0] < version:
             cached = (version, jax.device_get(params))
             self._host_params = cached
+        nbytes = sum(leaf.nbytes for leaf in jax.tree.leaves(cached[1]))
+        with self._params_lock:
+            self._params_bytes_served += nbytes
         return cached
+
+    def params_bytes_served(self) -> int:
+        """Bytes of the parameters `get_params` returned so far (None answers cost none)."""
+        with self._params_lock:
+            return self._params_bytes_served
 
     def _close_priorities(self) -> None:
         if self._priorities is not None:

@@ -43,6 +43,7 @@ class MonitorNode:
         )
         self._evals: list[dict[str, float]] = list(restored.get("evaluations", []))
         self._restarts: list[dict[str, Any]] = list(restored.get("restarts", []))
+        self._retired: set[str] = set()  # removed nodes: their last counters stay in the totals
 
     def report(
         self,
@@ -53,6 +54,8 @@ class MonitorNode:
         pid: int | None = None,
     ) -> None:
         with self._lock:
+            if name in self._retired:
+                return  # a late beat of a removed node must not move its final counters
             if pid is not None:
                 self._pids[name] = pid
             self._counters[name] = dict(counters)
@@ -78,6 +81,22 @@ class MonitorNode:
         with self._lock:
             self._restarts.append({"node": name, "reason": reason, "unix_time": time.time()})
             self._last_seen.pop(name, None)  # the old incarnation's heartbeats say nothing now
+
+    def retire(self, name: str) -> None:
+        """Notes that node `name` was removed from the run (after its final report).
+
+        Its counters stay in the totals, so no total goes backwards; it is no
+        longer listed in `node_status`, and reports still in flight from it
+        are ignored.
+        """
+        with self._lock:
+            self._retired.add(name)
+            self._last_seen.pop(name, None)
+
+    def node_counters(self) -> dict[str, dict[str, float]]:
+        """The latest counters of every node that ever reported, removed ones included."""
+        with self._lock:
+            return {name: dict(counters) for name, counters in self._counters.items()}
 
     def restarts(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -204,7 +223,9 @@ class Supervisor:
     of its last counters, at most `max_restarts` times; then, or for a node
     that cannot be restarted, `check` raises `RunFailed` with the reason. Stall checks pause
     for `stall_timeout_s` after any restart: while a learner restarts, actors
-    wait on the replay's rate limiter and are not at fault.
+    wait on the replay's rate limiter and are not at fault. Nodes added to the
+    running program later are watched from the next check on, like new ones;
+    removed nodes are forgotten (never restarted).
 
     Args:
       running: the launched program.
@@ -230,7 +251,7 @@ class Supervisor:
         self._max_restarts, self._startup_timeout_s = max_restarts, startup_timeout_s
         self._clock = clock
         now = clock()
-        self._specs = {spec.name: spec for spec in running.program.nodes}
+        self._specs = {spec.name: spec for spec in self._active_specs()}
         self.restarts: dict[str, int] = {name: 0 for name in self._specs}
         self._started_at = {name: now for name in self._specs}
         self._built_at: dict[str, float] = {}
@@ -246,6 +267,7 @@ class Supervisor:
           RunFailed: a node is faulty and may not be restarted (again).
         """
         now = self._clock()
+        self._follow_membership(now)
         failures = self._running.failures()
         status = self._monitor.node_status()
         done = []
@@ -259,6 +281,31 @@ class Supervisor:
                 counters = (status.get(name) or {}).get("counters", {})
                 done.append(self._restart(name, fault, counters))
         return done
+
+    def _active_specs(self) -> list[program_lib.NodeSpec]:
+        active_nodes = getattr(self._running, "active_nodes", None)  # launchers that add/remove
+        return active_nodes() if active_nodes is not None else self._running.program.nodes
+
+    def _follow_membership(self, now: float) -> None:
+        """Starts watching nodes added since the last check; forgets removed ones."""
+        active = self._active_specs()
+        for spec in active:
+            if spec.name not in self._specs:
+                self._specs[spec.name] = spec
+                self.restarts[spec.name] = 0
+                self._started_at[spec.name] = now
+        names = {spec.name for spec in active}
+        for name in [name for name in self._specs if name not in names]:
+            del self._specs[name]
+            for table in (
+                self.restarts,
+                self._started_at,
+                self._built_at,
+                self._counters,
+                self._moved_at,
+            ):
+                table.pop(name, None)
+            self._beating.discard(name)
 
     def _fault(self, name: str, failure: str | None, status: dict | None, now: float) -> str | None:
         if failure is not None:

@@ -30,10 +30,14 @@ class Rule:
       members: group names (all their nodes) or node names ("replay/0").
       strategy: one of `STRATEGIES`. The soft ones (SPREAD, PACK) fall back to
         any placement that fits; the STRICT ones fail if they cannot hold.
+      with_readers: a placement group per member node instead of one for all:
+        the node with every node that takes its handle (a host's parameter
+        cache with the actors that read it).
     """
 
     members: tuple[str, ...]
     strategy: str
+    with_readers: bool = False
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -44,6 +48,7 @@ class Rule:
 
 # The Gorila graph's placement. Groups in no rule are scheduled by Ray anywhere.
 DEFAULT_RULES = (
+    Rule(("param_cache",), PACK, with_readers=True),  # each host's cache beside its actors
     Rule(("learner",), SPREAD),
     Rule(("gradient_worker",), SPREAD),
     Rule(("parameter_server",), SPREAD),
@@ -58,10 +63,11 @@ class GroupPlan:
     strategy: str
     node_names: tuple[str, ...]
     bundles: tuple[dict[str, float], ...]
+    label: str = ""  # names a rule's per-node group ("param_cache/1+actor"); "": its groups
 
     @property
     def name(self) -> str:
-        return "+".join(dict.fromkeys(name.split("/")[0] for name in self.node_names))
+        return self.label or "+".join(dict.fromkeys(n.split("/")[0] for n in self.node_names))
 
 
 class UnplaceableError(RuntimeError):
@@ -107,12 +113,23 @@ def plan(program: program_lib.Program, rules: Sequence[Rule] = DEFAULT_RULES) ->
                     raise ValueError(f"placement rule names node {member!r}, not in the program")
                 names.append(member)
             # A group the program does not have (no Gorila workers in sync mode) is skipped.
-        names = [n for n in names if n not in placed and bundle(_resources(program, n))]
-        placed.update(names)
-        if names:
-            bundles = tuple(bundle(_resources(program, n)) for n in names)
-            plans.append(GroupPlan(rule.strategy, tuple(names), bundles))
+        node_sets = [(names, "")]
+        if rule.with_readers:
+            node_sets = [_with_readers(program, name) for name in names]
+        for members, label in node_sets:
+            members = [n for n in members if n not in placed and bundle(_resources(program, n))]
+            placed.update(members)
+            if members:
+                bundles = tuple(bundle(_resources(program, n)) for n in members)
+                plans.append(GroupPlan(rule.strategy, tuple(members), bundles, label))
     return plans
+
+
+def _with_readers(program: program_lib.Program, name: str) -> tuple[list[str], str]:
+    """Node `name` and the nodes that take its handle, and a label for their group."""
+    readers = [spec.name for spec in program.nodes if name in spec.dependencies()]
+    label = "+".join(dict.fromkeys([name] + [n.split("/")[0] for n in readers]))
+    return [name, *readers], label
 
 
 def _resources(program: program_lib.Program, node_name: str) -> program_lib.Resources:

@@ -464,6 +464,32 @@ class Batch(NamedTuple):
     probabilities: np.ndarray  # [B] float64, the sampling probability of each item
     table_size: np.ndarray  # [B] int64
     data: types.PyTree  # [B, ...]
+    # [B] int32 the replay shard that holds each item (gorila_jax/sharded_replay.py);
+    # None: every item is on the one replay there is.
+    shards: np.ndarray | None = None
+
+
+class SampledKeys(NamedTuple):
+    """Item keys of a batch of a sharded replay, with the shard that owns each.
+
+    What the learner hands back with new priorities, so that `PriorityUpdater`
+    sends each one to its item's shard. A single replay's batches give plain
+    key arrays instead (`row_keys`).
+    """
+
+    keys: np.ndarray  # [B] uint64
+    shards: np.ndarray  # [B] int32
+
+    @property
+    def size(self) -> int:
+        """Rows, as for a key array."""
+        return self.keys.size
+
+
+def row_keys(batch: Batch) -> np.ndarray | SampledKeys:
+    """What identifies the batch's items for a priority update: their keys, and their
+    shards when the replay is sharded."""
+    return batch.keys if batch.shards is None else SampledKeys(batch.keys, batch.shards)
 
 
 def batches(
@@ -483,15 +509,10 @@ def batches(
     streams per iterator: Reverb's automatic choice gave about 37k CartPole
     items/s on 2 cores, two streams about 48k (bench/learner_throughput.py).
     """
-    dataset = reverb.TrajectoryDataset.from_table_signature(
-        server_address,
-        table,
-        max_in_flight_samples_per_worker=2 * batch_size,
-        num_workers_per_iterator=num_workers,
-        rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+    samples = sample_stream(
+        server_address, table, batch_size, prefetch, rate_limiter_timeout_ms, num_workers
     )
-    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(prefetch)
-    for sample in dataset.as_numpy_iterator():
+    for sample in samples:
         yield Batch(
             keys=sample.info.key,
             probabilities=sample.info.probability,
@@ -500,41 +521,92 @@ def batches(
         )
 
 
+def sample_stream(
+    server_address: str,
+    table: str,
+    batch_size: int,
+    prefetch: int = 4,
+    rate_limiter_timeout_ms: int = 1000,
+    num_workers: int = 2,
+) -> Iterator[Any]:
+    """Reverb's samples of `table` in batches of `batch_size` (numpy `ReplaySample`s, packed
+    items undecoded), prefetched in TensorFlow's threads; see `batches` for the settings."""
+    dataset = reverb.TrajectoryDataset.from_table_signature(
+        server_address,
+        table,
+        max_in_flight_samples_per_worker=2 * batch_size,
+        num_workers_per_iterator=num_workers,
+        rate_limiter_timeout_ms=rate_limiter_timeout_ms,
+    )
+    dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(prefetch)
+    return dataset.as_numpy_iterator()
+
+
 class PriorityUpdater:
     """Sends new priorities to Reverb from a thread, so the learner never waits on it.
 
     `submit` takes priorities that may still be computing on a device; the
     thread does the device->host copy, so the learner can dispatch its next
     update at once. A bounded queue keeps memory flat if Reverb falls behind.
+    With a sharded replay each item's priority goes to the shard that holds
+    it (`SampledKeys`), in one call per shard.
+
+    Args:
+      clients: a Reverb client of the replay, or one per shard, in shard order.
+        A `ReplayClient` whose update fails asks its node where it serves now,
+        so that the next updates reach a shard restarted elsewhere.
+      table: the table the keys were sampled from.
     """
 
-    def __init__(self, client: reverb.Client, table: str, max_queued: int = 8):
-        self._client, self._table = client, table
+    def __init__(
+        self, clients: reverb.Client | Sequence[reverb.Client], table: str, max_queued: int = 8
+    ):
+        self._clients = list(clients) if isinstance(clients, (list, tuple)) else [clients]
+        self._table = table
         self._queue: queue.Queue = queue.Queue(max_queued)
-        self.updates_sent = 0
+        self.updates_sent = 0  # mutate calls that succeeded (one per shard a batch touches)
         self._thread = threading.Thread(target=self._loop, name="priority-updater", daemon=True)
         self._thread.start()
 
-    def submit(self, keys: np.ndarray, priorities: Any) -> None:
+    def submit(self, keys: np.ndarray | SampledKeys, priorities: Any) -> None:
+        """Queues new priorities for the sampled items `keys` (a key array: a single replay)."""
         self._queue.put((keys, priorities))
 
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
             keys, priorities = work
+            shards = None
+            if isinstance(keys, SampledKeys):
+                keys, shards = keys.keys, keys.shards.reshape(-1)
             priorities = np.asarray(priorities, np.float64).reshape(-1)
             keys = keys.reshape(-1)
             finite = np.isfinite(priorities)
             if not finite.all():  # a skipped (non-finite) update: the items keep their old ones
                 keys, priorities = keys[finite], priorities[finite]
-            if not keys.size:
+                shards = None if shards is None else shards[finite]
+            if shards is None:
+                self._send(0, keys, priorities)
                 continue
-            try:
-                self._client.mutate_priorities(
-                    self._table, updates=dict(zip(keys.tolist(), priorities.tolist()))
-                )
-                self.updates_sent += 1
-            except Exception:  # noqa: BLE001  a lost update only leaves old priorities
-                logging.exception("priority update to table %s failed", self._table)
+            for shard in np.unique(shards).tolist():
+                owned = shards == shard
+                self._send(shard, keys[owned], priorities[owned])
+
+    def _send(self, shard: int, keys: np.ndarray, priorities: np.ndarray) -> None:
+        if not keys.size:
+            return
+        client = self._clients[shard]
+        try:
+            client.mutate_priorities(
+                self._table, updates=dict(zip(keys.tolist(), priorities.tolist()))
+            )
+            self.updates_sent += 1
+        except Exception:  # noqa: BLE001  a lost update only leaves old priorities
+            logging.exception("priority update to table %s (shard %d) failed", self._table, shard)
+            if isinstance(client, ReplayClient):
+                try:
+                    self._clients[shard] = client.at(client.current_address())
+                except Exception:  # noqa: BLE001  the node is unreachable too: retry next time
+                    logging.exception("replay shard %d: no current address", shard)
 
     def close(self) -> None:
         """Sends what is queued, then ends the thread."""

@@ -167,12 +167,80 @@ _REPLAY_PORT = flags.DEFINE_integer(
     lower_bound=0,
     upper_bound=65535,
 )
+_REPLAY_SHARDS = flags.DEFINE_integer(
+    "num_replay_shards",
+    1,
+    "Reverb servers the replay is split over (at most --num_actors); actor i writes to shard "
+    "i % K, learners sample across all shards by priority mass. Each holds 1/K of the replay.",
+    lower_bound=1,
+)
 _LEARNER_HOSTS = flags.DEFINE_integer(
     "num_learner_hosts",
     1,
     "Learner processes (one per host, spread over Ray nodes) running each update over all "
     "their devices with jax.distributed; >1 needs --launcher=ray and --learner_mode=sync.",
     lower_bound=1,
+)
+_PARAM_CACHE = flags.DEFINE_bool(
+    "param_cache_per_host",
+    False,
+    "Actors read parameters from a cache on their host, so the learner (or the shards) "
+    "sends each new version once per host instead of once per actor; needs --actors_per_host.",
+)
+_ACTORS_PER_HOST = flags.DEFINE_integer(
+    "actors_per_host",
+    0,
+    "Actors sharing a host and its parameter cache (actor i on host i // actors_per_host); "
+    "only with --param_cache_per_host. Under Ray a host's cache and actors go on one node.",
+    lower_bound=0,
+)
+_PARAM_CACHE_CPUS = flags.DEFINE_float(
+    "param_cache_cpus", 0.25, "CPUs each per-host parameter cache asks Ray for (above 0)."
+)
+_PARAM_CACHE_INTERVAL = flags.DEFINE_float(
+    "param_cache_min_fetch_interval_s",
+    0.0,
+    "Least seconds between two upstream fetches of a parameter cache; 0: on demand.",
+    lower_bound=0.0,
+)
+_MIN_ACTORS = flags.DEFINE_integer(
+    "min_actors", 1, "Fewest actors the control file or elastic policy may leave.", lower_bound=1
+)
+_MAX_ACTORS = flags.DEFINE_integer(
+    "max_actors", 64, "Most actors the control file or elastic policy may start.", lower_bound=1
+)
+_ELASTIC_INTERVAL = flags.DEFINE_float(
+    "elastic_interval_s",
+    0.0,
+    "Seconds between elastic-policy decisions (add an actor when env steps/s are under "
+    "--elastic_target_env_steps_per_s and the learner metric's variance is under "
+    "--elastic_variance_threshold; remove one above twice it); 0: off.",
+    lower_bound=0.0,
+)
+_ELASTIC_TARGET = flags.DEFINE_float(
+    "elastic_target_env_steps_per_s", 0.0, "Elastic policy: the throughput to reach."
+)
+_ELASTIC_THRESHOLD = flags.DEFINE_float(
+    "elastic_variance_threshold", 0.0, "Elastic policy: the 'low variance' bound."
+)
+_ELASTIC_METRIC = flags.DEFINE_string(
+    "elastic_variance_metric",
+    "grad_norm",
+    "Elastic policy: learner metric whose variance is measured (e.g. grad_norm, loss).",
+)
+_BALANCE_INTERVAL = flags.DEFINE_float(
+    "balance_interval_s",
+    30.0,
+    "Window over which each actor's share of inserted data is measured; 0: off.",
+    lower_bound=0.0,
+)
+_BALANCE_FACTOR = flags.DEFINE_float(
+    "balance_factor",
+    1.5,
+    "Report an actor whose share of inserted data exceeds this / number of actors (> 1).",
+)
+_BALANCE_REPLACE = flags.DEFINE_bool(
+    "balance_replace", False, "Replace such an actor by a fresh one with a new seed."
 )
 
 # ExperimentConfig field -> the flag that sets it.
@@ -219,6 +287,20 @@ _EXPERIMENT_FLAGS = {
     "rollback_param_noise": _ROLLBACK_NOISE,
     "num_learner_hosts": _LEARNER_HOSTS,
     "replay_port": _REPLAY_PORT,
+    "num_replay_shards": _REPLAY_SHARDS,
+    "min_actors": _MIN_ACTORS,
+    "max_actors": _MAX_ACTORS,
+    "elastic_interval_s": _ELASTIC_INTERVAL,
+    "elastic_target_env_steps_per_s": _ELASTIC_TARGET,
+    "elastic_variance_threshold": _ELASTIC_THRESHOLD,
+    "elastic_variance_metric": _ELASTIC_METRIC,
+    "balance_interval_s": _BALANCE_INTERVAL,
+    "balance_factor": _BALANCE_FACTOR,
+    "balance_replace": _BALANCE_REPLACE,
+    "param_cache_per_host": _PARAM_CACHE,
+    "actors_per_host": _ACTORS_PER_HOST,
+    "param_cache_cpus": _PARAM_CACHE_CPUS,
+    "param_cache_min_fetch_interval_s": _PARAM_CACHE_INTERVAL,
 }
 
 

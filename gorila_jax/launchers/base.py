@@ -1,8 +1,9 @@
-"""What every launcher returns: a running program that can be waited on and stopped."""
+"""What every launcher returns: a running program that can be waited on, changed and stopped."""
 
 import abc
 import os
 import time
+from typing import Any, Callable
 
 from gorila_jax import program as program_lib
 
@@ -12,6 +13,98 @@ class RunningProgram(abc.ABC):
 
     def __init__(self, program: program_lib.Program):
         self.program = program
+        # Removed nodes keep their specs in the program, so a name (and the seed
+        # offset an actor derives from its index) is never given out twice.
+        self._removed: set[str] = set()
+
+    def active_nodes(self, group: str | None = None) -> list[program_lib.NodeSpec]:
+        """The nodes launched or added, and not removed (of `group` only, if given)."""
+        specs = self.program.nodes if group is None else self.program.groups.get(group, [])
+        return [spec for spec in specs if spec.name not in self._removed]
+
+    def add_node(
+        self,
+        group: str,
+        constructor: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict | None = None,
+        restart_kwargs: Callable[[dict[str, float]], dict[str, Any]] | None = None,
+    ) -> program_lib.Handle:
+        """Adds a node to `group` of the running program and starts it; returns its handle.
+
+        The node is named "group/N" with N the group's next unused index, gets
+        the group's resources, and may receive handles of any node. With
+        `restart_kwargs`, a supervisor may restart it like the launched nodes
+        (see `NodeSpec.restartable`).
+
+        Raises:
+          ValueError: the program has no group `group` (its resources would be unknown).
+          RuntimeError: the program was stopped.
+          placement.UnplaceableError: (ray) the cluster has no room for the node.
+        """
+        if group not in self.program.groups:
+            raise ValueError(
+                f"cannot add a node to group {group!r}: the program has groups "
+                f"{', '.join(self.program.groups)}"
+            )
+        if self.stopped:
+            raise RuntimeError(f"cannot add a node to the stopped program {self.program.name!r}")
+        self._check_room(group)
+        with self.program.group(group):
+            handle = self.program.add_node(constructor, *args, **(kwargs or {}))
+        spec = self.program.node(handle.name)
+        if restart_kwargs is not None:
+            spec.restartable(restart_kwargs)
+        try:
+            self._start_added(spec)
+        except BaseException:
+            self._removed.add(spec.name)  # in the graph (its name is taken) but never active
+            raise
+        return handle
+
+    def remove_node(self, name: str, timeout_s: float = 60.0) -> None:
+        """Stops node `name` cleanly and takes it out of the program.
+
+        Its `stop()` is called, its `run` may finish (an actor sends its final
+        counters then), its `close()` runs, and its process (ray) is gone when
+        this returns. The supervisor stops watching it. Up to `timeout_s` is
+        given to `run` to return; then a Ray node is killed, and a local
+        node's thread (which cannot be killed) is left to end by itself.
+
+        Raises:
+          ValueError: the node was removed already, or a node still running
+            holds a handle of it (removing the replay would strand the actors).
+        """
+        name = self.program.resolve_name(name)
+        if name in self._removed:
+            raise ValueError(f"node {name} was removed already")
+        users = [spec.name for spec in self.active_nodes() if name in spec.dependencies()]
+        if users:
+            raise ValueError(f"cannot remove node {name}: it is used by {', '.join(users)}")
+        self._stop_node(name, timeout_s)
+        self._removed.add(name)
+
+    @property
+    def removed_nodes(self) -> list[str]:
+        """Names of the nodes taken out by `remove_node`."""
+        return sorted(self._removed)
+
+    @property
+    def stopped(self) -> bool:
+        """True once `stop()` was called."""
+        return False
+
+    def _check_room(self, group: str) -> None:
+        """Raises if one more node of `group` cannot be placed now (launchers with resources)."""
+        del group  # threads in this process: always room
+
+    def _start_added(self, spec: program_lib.NodeSpec) -> None:
+        """Builds and runs the node of `spec`, just added to the program."""
+        raise NotImplementedError(f"the {type(self).__name__} launcher cannot add nodes")
+
+    def _stop_node(self, name: str, timeout_s: float) -> None:
+        """Stops, closes and forgets node `name`, within about `timeout_s`."""
+        raise NotImplementedError(f"the {type(self).__name__} launcher cannot remove nodes")
 
     @abc.abstractmethod
     def client(self, name: str) -> program_lib.Client:
@@ -36,7 +129,7 @@ class RunningProgram(abc.ABC):
 
     def process_ids(self) -> dict[str, int]:
         """Process id of every node built so far (for operators and memory benchmarks)."""
-        return {spec.name: os.getpid() for spec in self.program.nodes}
+        return {spec.name: os.getpid() for spec in self.active_nodes()}
 
     def is_built(self, name: str) -> bool:
         """True once node `name`'s constructor has returned (or failed)."""

@@ -27,6 +27,7 @@ class _Slot:
         self.error: str | None = None
         self.built = threading.Event()
         self.done = threading.Event()
+        self.removing = False  # set by `remove_node`: never start its `run` after this
         self.thread: threading.Thread | None = None
 
     def get(self) -> Any:
@@ -56,13 +57,18 @@ class LocalProgram(base.RunningProgram):
     def __init__(self, program: program_lib.Program):
         super().__init__(program)
         self._executor = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="client")
+        # Replaced, never changed in place, when a node is added or removed:
+        # other threads iterate it meanwhile.
         self._slots = {spec.name: _Slot(spec) for spec in program.nodes}
         self._stopped = False
         for slot in self._slots.values():
-            slot.thread = threading.Thread(
-                target=self._node_main, args=(slot,), name=slot.spec.name, daemon=True
-            )
-            slot.thread.start()
+            self._start_thread(slot)
+
+    def _start_thread(self, slot: _Slot) -> None:
+        slot.thread = threading.Thread(
+            target=self._node_main, args=(slot,), name=slot.spec.name, daemon=True
+        )
+        slot.thread.start()
 
     def _node_main(self, slot: _Slot) -> None:
         spec = slot.spec
@@ -78,7 +84,8 @@ class LocalProgram(base.RunningProgram):
             return
         slot.built.set()
         try:
-            if spec.run_enabled and hasattr(slot.node, "run") and not self._stopped:
+            running = not (self._stopped or slot.removing)
+            if spec.run_enabled and hasattr(slot.node, "run") and running:
                 slot.node.run()
         except BaseException:  # noqa: BLE001
             slot.error = traceback.format_exc()
@@ -87,6 +94,32 @@ class LocalProgram(base.RunningProgram):
 
     def client(self, name: str) -> LocalClient:
         return LocalClient(self._slots[self.program.resolve_name(name)], self._executor)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _start_added(self, spec: program_lib.NodeSpec) -> None:
+        slot = _Slot(spec)
+        self._slots = {**self._slots, spec.name: slot}
+        self._start_thread(slot)
+
+    def _stop_node(self, name: str, timeout_s: float) -> None:
+        slot = self._slots[name]
+        slot.removing = True
+        # A node still being built is stopped once built (its `run` is not started then).
+        if slot.built.wait(timeout_s) and hasattr(slot.node, "stop"):
+            slot.node.stop()
+        slot.thread.join(timeout_s)
+        if slot.thread.is_alive():
+            # A thread cannot be killed: it is left to end by itself, without its slot.
+            logging.warning("node %s did not stop within %ss; dropped", name, timeout_s)
+        elif slot.node is not None and hasattr(slot.node, "close"):
+            try:
+                slot.node.close()
+            except Exception:  # noqa: BLE001  the node is gone either way
+                logging.exception("closing node %s failed", name)
+        self._slots = {key: value for key, value in self._slots.items() if key != name}
 
     def failures(self) -> dict[str, str]:
         return {

@@ -218,6 +218,10 @@ class RayProgram(base.RunningProgram):
         self._construct_refs: dict[str, Any] = {}
         self._run_refs: dict[str, Any] = {}
         self._watch_refs: dict[str, Any] = {}
+        # An added node takes the placement bundle a removed node of its group
+        # left (`_bundle_of`: added node -> the removed node whose bundle it has).
+        self._free_bundles: dict[str, list[str]] = {}
+        self._bundle_of: dict[str, str] = {}
         for spec in program.nodes:
             self._actors[spec.name] = self._create_actor(spec)
         for spec in program.nodes:
@@ -227,7 +231,7 @@ class RayProgram(base.RunningProgram):
         resources = self.program.resources(spec.group)
         if self._placement is not None:
             # The node's own bundle: a replacement takes the resources its predecessor held.
-            options = self._placement.options(spec.name, resources)
+            options = self._placement.options(self._bundle_of.get(spec.name, spec.name), resources)
         else:
             options = placement_lib.actor_options(resources)
         deadline = time.monotonic() + timeout_s
@@ -310,6 +314,53 @@ class RayProgram(base.RunningProgram):
                 except ray.exceptions.RayError as error:
                     failed[name] = _first_line(error)
         return failed
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def _check_room(self, group: str) -> None:
+        """Fails at once, instead of a node that never starts, if the cluster is full.
+
+        Raises:
+          placement.UnplaceableError: naming the resource the cluster lacks now.
+        """
+        if self._free_bundles.get(group):
+            return  # a removed node's place is free
+        available = ray.available_resources()
+        wanted = placement_lib.bundle(self.program.resources(group))
+        for resource, amount in wanted.items():
+            if available.get(resource, 0.0) < amount:
+                raise placement_lib.UnplaceableError(
+                    f"cannot add a node to group {group!r}: it asks for {amount:g} {resource} "
+                    f"per node and the Ray cluster has {available.get(resource, 0.0):g} free; "
+                    "remove a node of the group first (its place is reused) or add Ray nodes"
+                )
+
+    def _start_added(self, spec: program_lib.NodeSpec) -> None:
+        free = self._free_bundles.get(spec.group, [])
+        if free:
+            self._bundle_of[spec.name] = free.pop(0)
+        self._actors[spec.name] = self._create_actor(spec)
+        self._start(spec, {})
+
+    def _stop_node(self, name: str, timeout_s: float) -> None:
+        actor = self._actors[name]
+        try:
+            ray.wait([actor.stop.remote()], timeout=timeout_s)
+            if name in self._run_refs:  # its `run` sends the final counters before returning
+                ray.wait([self._run_refs[name]], timeout=timeout_s)
+            ray.wait([actor.close.remote()], timeout=timeout_s)
+        except ray.exceptions.RayError:
+            logging.warning("orderly stop of %s failed; killing it", name, exc_info=True)
+        ray.kill(actor, no_restart=True)
+        for table in (self._actors, self._construct_refs, self._run_refs, self._watch_refs):
+            table.pop(name, None)
+        if self._placement is not None:
+            bundle_owner = self._bundle_of.pop(name, name)
+            if self._placement.scheduling_strategy(bundle_owner) is not None:
+                group = self.program.node(name).group
+                self._free_bundles.setdefault(group, []).append(bundle_owner)
 
     def restart(self, name: str, kwargs: dict | None = None) -> None:
         """Kills node `name`'s actor (if still alive) and starts a fresh one in its place.

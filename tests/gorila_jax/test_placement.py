@@ -222,6 +222,7 @@ def test_the_ray_launcher_spreads_a_learner_group_and_releases_its_reservation(c
             if group["name"].startswith("placement-launch-")
         ]
 
+    _wait_until_idle()  # the previous test's placement groups are removed asynchronously
     with launchers.launch(_learner_graph(), "ray") as running:
         nodes = {name: running.client(name).node_id() for name in ("learner/0", "learner/1")}
         assert reserved_for_this_program() == ["CREATED"]  # one group: the learner rule

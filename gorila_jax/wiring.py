@@ -1,0 +1,342 @@
+"""The Gorila program graph of a run: which nodes, wired to which, restarted how.
+
+`make_program` builds it at launch; `add_actor`/`remove_actor` change a
+running one (elastic actors) with the same wiring.
+"""
+
+import functools
+from typing import Any
+
+import portpicker
+
+from gorila_jax import actor, checkpoint, evaluation, gorila, learner, monitor, multihost
+from gorila_jax import builder as builder_lib
+from gorila_jax import param_cache, replay, sharded_replay, types
+from gorila_jax import program as program_lib
+from gorila_jax.experiment_config import ExperimentConfig
+
+
+def make_program(
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    resume: checkpoint.Restored | None = None,
+) -> program_lib.Program:
+    """The Gorila graph: replay, monitor, learner, actors and an evaluator.
+
+    With `resume`, every node starts from that checkpoint: learner state and
+    replay from its step, counters, returns and evaluations from its meta.
+    """
+    program = program_lib.Program("gorila")
+    no_cpu = program_lib.Resources(num_cpus=0)
+    saving = cfg.saves_checkpoints
+    restore_step = resume.step if resume else None
+    meta = resume.meta if resume else {}
+    replay_nodes = _add_replay_shards(program, builder, cfg, spec, restore_step)
+    with program.group("monitor", no_cpu):
+        monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
+    restored_counters = meta.get("node_counters", {})
+    if cfg.learner_mode == "gorila":
+        shards = gorila.add_nodes(
+            program,
+            builder,
+            cfg,
+            spec,
+            replay_nodes,
+            monitor_node,
+            checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
+            restore_step=restore_step,
+            restored_counters=restored_counters,
+        )
+        _add_actors_and_evaluator(
+            program, builder, cfg, spec, replay_nodes, shards, monitor_node, restored_counters
+        )
+        return program
+    multihost_kwargs = [{}]
+    if cfg.num_learner_hosts > 1:
+        with program.group("learner_rendezvous", no_cpu):
+            rendezvous = program.add_node(multihost.Rendezvous)
+        multihost_kwargs = [
+            dict(
+                num_learner_hosts=cfg.num_learner_hosts,
+                learner_process_id=process_id,
+                rendezvous=rendezvous,
+            )
+            for process_id in range(cfg.num_learner_hosts)
+        ]
+    with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
+        learner_nodes = [
+            program.add_node(
+                learner.LearnerNode,
+                builder,
+                spec,
+                replay_nodes,
+                monitor_node,
+                cfg.seed,
+                num_devices=cfg.num_learner_devices,
+                checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
+                checkpoint_interval_steps=cfg.checkpoint_interval_steps,
+                max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
+                restore_step=restore_step,
+                tf32=cfg.tf32,
+                report_interval_s=cfg.heartbeat_interval_s,
+                max_nonfinite_steps=cfg.max_nonfinite_steps,
+                rollback_lr_factor=cfg.rollback_lr_factor,
+                rollback_param_noise=cfg.rollback_param_noise,
+                **kwargs,
+            )
+            for kwargs in multihost_kwargs
+        ]
+    learner_node = learner_nodes[0]  # the chief: actors and evaluator read its parameters
+    if cfg.num_learner_hosts == 1:
+        # A multi-host learner is not restarted: one replaced process cannot rejoin
+        # the others' jax.distributed job, so losing one fails the run.
+        program.node(learner_node.name).restartable(functools.partial(_restart_learner, saving))
+    _add_actors_and_evaluator(
+        program,
+        builder,
+        cfg,
+        spec,
+        replay_nodes,
+        learner_node,
+        monitor_node,
+        restored_counters,
+    )
+    return program
+
+
+def _add_actors_and_evaluator(
+    program: program_lib.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    replay_node: program_lib.Handle | list[program_lib.Handle],
+    params_from: program_lib.Handle | list[program_lib.Handle],
+    monitor_node: program_lib.Handle,
+    restored_counters: dict[str, dict[str, int]] | None = None,
+) -> None:
+    """Actors, and the evaluator if evaluations are on; both read parameters
+    from `params_from`: the learner, or the list of Gorila shards."""
+    if cfg.eval_interval_s > 0:
+        with program.group("evaluator", program_lib.Resources(num_cpus=0)):
+            program.add_node(
+                evaluation.EvaluatorNode,
+                builder,
+                spec,
+                params_from,
+                monitor_node,
+                cfg.seed,
+                cfg.eval_episodes,
+                cfg.eval_interval_s,
+            )
+    caches = _add_param_caches(program, builder, cfg, spec, params_from, monitor_node)
+    restored_counters = restored_counters or {}
+    with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
+        for index in range(cfg.num_actors):
+            # Actor i reads its host's cache: actors_per_host consecutive actors share one.
+            reads = caches[index // cfg.actors_per_host] if caches else params_from
+            args, kwargs = actor_arguments(
+                builder,
+                cfg,
+                spec,
+                index,
+                (replay_node, reads, monitor_node),
+                restored_counters.get(f"actor/{index}"),
+            )
+            handle = program.add_node(actor.ActorNode, *args, **kwargs)
+            # A replacement acts with the same index (seed offset) and config,
+            # and continues the counters (and exploration schedule) it reported last.
+            program.node(handle.name).restartable(monitor.continue_counters)
+
+
+def actor_arguments(
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    index: int,
+    nodes: tuple,
+    restored_counters: dict[str, int] | None,
+) -> tuple[tuple, dict[str, Any]]:
+    """`ActorNode`'s (args, kwargs) for actor `index`, reading from `nodes` =
+    (replay, parameter source, monitor): at launch, and for actors added later.
+
+    An added actor (index >= cfg.num_actors) is told the configured actor
+    count: per-actor exploration (DQN's epsilon_end_spread) extrapolates past
+    the last configured actor, and agents sized by the count (PPO's per-actor
+    KL report) keep their shapes.
+    """
+    replay_node, params_from, monitor_node = nodes
+    args = (
+        builder,
+        spec,
+        index,
+        cfg.num_actors,
+        replay_node,
+        params_from,
+        monitor_node,
+        cfg.seed,
+        cfg.num_envs_per_actor,
+        cfg.param_pull_interval,
+    )
+    kwargs = dict(
+        env_threads=cfg.env_threads_per_actor,
+        restored_counters=restored_counters,
+        report_interval_s=cfg.heartbeat_interval_s,
+    )
+    return args, kwargs
+
+
+def _add_param_caches(
+    program: program_lib.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    params_from: program_lib.Handle | list[program_lib.Handle],
+    monitor_node: program_lib.Handle,
+) -> list[program_lib.Handle]:
+    """One parameter cache per actor host (none without `param_cache_per_host`).
+
+    Each cache reads `params_from` (learner or shards). The ray launcher packs
+    a cache with the actors that read it (`placement.DEFAULT_RULES`). A
+    restarted cache starts empty and fetches again; its byte totals go on.
+    """
+    caches: list[program_lib.Handle] = []
+    if not cfg.param_cache_per_host:
+        return caches
+    with program.group(param_cache.GROUP, program_lib.Resources(cfg.param_cache_cpus)):
+        for host in range(cfg.num_actor_hosts):
+            handle = program.add_node(
+                param_cache.ParameterCache,
+                params_from,
+                builder,
+                spec,
+                cfg.seed,
+                host,
+                monitor_node,
+                report_interval_s=cfg.heartbeat_interval_s,
+                min_fetch_interval_s=cfg.param_cache_min_fetch_interval_s,
+            )
+            program.node(handle.name).restartable(monitor.continue_counters)
+            caches.append(handle)
+    return caches
+
+
+def _add_replay_shards(
+    program: program_lib.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    restore_step: int | None,
+) -> list[program_lib.Handle]:
+    """The replay group: one Reverb node per shard (replay/0 .. replay/K-1), each
+    restartable, with its own port and checkpoint directory.
+
+    Returns the shards' handles in shard order. Actors and learners get the
+    whole list: an actor writes to its assigned shard, learners sample them all.
+    """
+    num_shards = cfg.num_replay_shards
+    make_tables = functools.partial(builder.replay_tables, spec)
+    if num_shards > 1:
+        make_tables = functools.partial(sharded_replay.shard_tables, make_tables, num_shards)
+    # One port per shard for the whole run: a restarted shard serves at the
+    # same address, and Reverb's clients reconnect to it by themselves.
+    ports = [cfg.replay_port + shard for shard in range(num_shards)] if cfg.replay_port else []
+    while len(ports) < num_shards:
+        port = portpicker.pick_unused_port()
+        if port not in ports:
+            ports.append(port)
+    handles = []
+    with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
+        for shard, port in enumerate(ports):
+            handle = program.add_node(
+                replay.ReplayNode,
+                make_tables,
+                port=port,
+                checkpoint_dir=(
+                    checkpoint.replay_dir(cfg.logdir, shard, num_shards)
+                    if cfg.saves_checkpoints
+                    else None
+                ),
+                restore_step=restore_step,
+            )
+            handles.append(handle)
+    restart = functools.partial(_restart_replay, cfg.saves_checkpoints)
+    for handle in handles:
+        program.node(handle.name).restartable(restart)
+    return handles
+
+
+def _restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
+    """A replacement replay restores its newest intact checkpoint (or starts empty).
+
+    It loses the items written since that checkpoint: at most
+    `checkpoint_interval_steps` learner steps' worth of inserts.
+    """
+    del counters  # the replay sends no heartbeats: its state is its checkpoint
+    return {"restore_step": replay.NEWEST if saving else None}
+
+
+def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
+    """A replacement learner resumes from its newest checkpoint; its step count goes on."""
+    return {
+        "restore_step": learner.NEWEST if saving else None,
+        "restored_counters": counters,
+    }
+
+
+def add_actor(
+    running: Any, builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+) -> str:
+    """Starts one more actor in a running Gorila program; returns its name.
+
+    Built as `make_program` builds actors, at the next index the program
+    never used (so with a seed offset no actor of this run had). It acts
+    with the learner's current parameters, fetched when it starts, and the
+    supervisor restarts it like the others. In a resumed run, an index that
+    an earlier actor of the run had continues that actor's counters (a
+    total never goes backwards).
+    """
+    index = len(running.program.groups["actor"])
+    restored = running.client("monitor").node_counters().get(f"actor/{index}")
+    restored = None if restored is None else {k: int(v) for k, v in restored.items()}
+    args, kwargs = actor_arguments(builder, cfg, spec, index, actor_sources(running), restored)
+    handle = running.add_node(
+        "actor", actor.ActorNode, args, kwargs, restart_kwargs=monitor.continue_counters
+    )
+    return handle.name
+
+
+def remove_actor(running: Any, name: str) -> None:
+    """Stops actor `name` cleanly; its final counters stay in the run's totals.
+
+    Raises:
+      ValueError: `name` is not an acting actor, or it is the last one (the
+        run would make no progress).
+    """
+    acting = [spec.name for spec in running.active_nodes("actor")]
+    if name not in acting:
+        raise ValueError(f"cannot remove {name!r}: the acting actors are {', '.join(acting)}")
+    if len(acting) == 1:
+        raise ValueError(f"cannot remove {name}: it is the last actor of the run")
+    running.remove_node(name)  # returns after the actor's final report to the monitor
+    running.client("monitor").retire(name)
+
+
+def actor_sources(running: Any) -> tuple:
+    """(replay, parameter source, monitor) handles for an added actor, wired as
+    `make_program` wires actors: the learner, the Gorila shards, or the
+    per-host parameter cache with the fewest acting readers."""
+    groups = running.program.groups
+    if param_cache.GROUP in groups:
+        readers = {spec.name: 0 for spec in running.active_nodes(param_cache.GROUP)}
+        for spec in running.active_nodes("actor"):
+            for name in spec.dependencies() & set(readers):
+                readers[name] += 1
+        params_from = program_lib.Handle(min(readers, key=readers.get))
+    elif "parameter_server" in groups:
+        params_from = [program_lib.Handle(spec.name) for spec in groups["parameter_server"]]
+    else:
+        params_from = program_lib.Handle("learner/0")  # the chief of a multi-host learner
+    # Every replay shard: the added actor writes to its assigned one (sharded_replay).
+    replay_shards = [program_lib.Handle(spec.name) for spec in groups["replay"]]
+    return replay_shards, params_from, program_lib.Handle("monitor/0")
