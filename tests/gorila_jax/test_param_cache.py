@@ -15,6 +15,7 @@ import pytest
 from agents import dqn
 from gorila_jax import envs, experiment, monitor, param_cache, placement, program
 from tests import fakes
+from tests.gorila_jax.test_placement import _Where
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = envs.env_spec("CartPole-v1")
@@ -335,15 +336,6 @@ def two_node_cluster():
     finally:
         ray.shutdown()
         simulated.shutdown()
-
-
-class _Where:
-    """A Ray actor that says which node it runs on."""
-
-    def node_id(self) -> str:
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
 
 
 @pytest.mark.timeout(180)
