@@ -1,8 +1,9 @@
-"""Checkpoints of a run: learner state with orbax, the run's configs, and how resume finds them.
+"""Checkpoints of a run: learner state, the run's configs, and how resume finds them.
 
 Layout under `<logdir>/checkpoints/`:
-  learner/<step>/   orbax: `state` (the agent's train state, an opaque pytree)
-                    and `meta` (JSON: counters, evaluations, replay sizes)
+  learner/<step>/   `state.npz` (the agent's train state, an opaque pytree,
+                    as raw leaf bytes with a manifest of shapes and dtypes)
+                    and `meta.json` (counters, evaluations, replay sizes)
   replay/<step>/    the Reverb checkpoint taken at the same learner step
                     (written by `replay.ReplayNode.checkpoint`); a replay of
                     K > 1 shards has replay/shard_<k>/<step>/ for each shard
@@ -10,11 +11,18 @@ Layout under `<logdir>/checkpoints/`:
 The learner checkpoint at step N is written after the replay checkpoint at N
 is complete, and old replay checkpoints are deleted only after that, so a
 learner checkpoint always has its replay beside it, whenever a crash comes.
-Orbax writes each step to a temporary directory and renames it when
-complete, and the replay node renames Reverb's finished directory into place
-the same way: a partially written checkpoint never carries a final name and
-is never loaded. A checkpoint damaged later on disk fails to restore and is
-skipped with a warning in favour of the previous one.
+A learner checkpoint is written to a temporary directory and renamed to its
+step when complete, and the replay node renames Reverb's finished directory
+into place the same way: a partially written checkpoint never carries a
+final name and is never loaded. A checkpoint damaged later on disk (a
+truncated file fails its zip structure or CRC, or its JSON) fails to restore
+and is skipped with a warning in favour of the previous one.
+
+Why not orbax: the learner's state is host numpy arrays written by one
+process, and orbax 0.11.5 inside a `jax.distributed` process (the chief of a
+multi-host learner) calls `key_value_try_get`, which jaxlib 0.4.34 lacks, and
+synchronises every process while only the chief saves. This format needs no
+other process. Checkpoints that orbax wrote (runs from before) still restore.
 """
 
 import dataclasses
@@ -22,10 +30,11 @@ import json
 import logging
 import os
 import shutil
+import uuid
 from typing import Any, Callable, NamedTuple
 
 import jax
-import orbax.checkpoint as ocp
+import numpy as np
 
 from gorila_jax import replay
 
@@ -83,22 +92,18 @@ def saved_steps(logdir: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
-class _DropOrbaxInfo(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
-
-
-def _quiet_orbax() -> None:
-    # orbax narrates every save and restore at INFO through absl's logger,
-    # which `absl.app.run` shows: dozens of lines per checkpoint. Its warnings
-    # and errors still come through. Added when used, not at import.
-    absl_logger = logging.getLogger("absl")
-    if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
-        absl_logger.addFilter(_DropOrbaxInfo())
+STATE_FILE = "state.npz"
+META_FILE = "meta.json"
+_MANIFEST = "manifest"
+# Names a save in progress (or one cut short by a crash) has: never final, safe to delete.
+_PARTIAL_MARKERS = (".tmp-", ".old-", "orbax-checkpoint-tmp")
 
 
 class LearnerCheckpoints:
-    """Orbax checkpoints of the learner state, one per learner step, the newest `max_to_keep` kept.
+    """Learner-state checkpoints, one directory per learner step, the newest `max_to_keep` kept.
+
+    A save and a restore touch only this process's files: no other process
+    (of a multi-host learner) takes part, so the chief alone may save.
 
     Args:
       directory: the learner checkpoint directory (absolute).
@@ -107,59 +112,72 @@ class LearnerCheckpoints:
     """
 
     def __init__(self, directory: str, max_to_keep: int | None = None, read_only: bool = False):
-        _quiet_orbax()
-        options = ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
-            # Not orbax's read_only, which warns on every use; readers never save.
-            create=not read_only,
-            # Leftovers of a save cut short by a crash: never final, safe to delete.
-            cleanup_tmp_directories=not read_only,
-            # Saves are rare and small next to the replay's; a synchronous save
-            # means "returned" is "on disk", which resume and shutdown rely on.
-            enable_async_checkpointing=False,
-        )
-        self._manager = ocp.CheckpointManager(
-            directory, options=options, item_names=("state", "meta")
-        )
+        if max_to_keep is not None and max_to_keep < 1:
+            raise ValueError(f"max_checkpoints_to_keep must be at least 1, got {max_to_keep}")
+        self._directory, self._max_to_keep, self._read_only = directory, max_to_keep, read_only
+        self._orbax: _OrbaxReader | None = None  # made when a checkpoint of orbax's format is read
+        if not read_only:
+            os.makedirs(directory, exist_ok=True)
+            for name in os.listdir(directory):
+                if not name.isdigit() and any(marker in name for marker in _PARTIAL_MARKERS):
+                    shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
     def steps(self) -> list[int]:
-        self._manager.reload()
-        return sorted(self._manager.all_steps())
+        if not os.path.isdir(self._directory):
+            return []
+        return sorted(int(name) for name in os.listdir(self._directory) if name.isdigit())
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-        """Writes `state` (host arrays) and `meta` (JSON-able) as `step`, replacing one there."""
-        if step in self.steps():
-            # A save at a step that already has one: the final save of a run
-            # whose learner did not step since the last one. Counters and
-            # replay have moved on, so the newer save wins.
-            self._manager.delete(step)
-        # force: orbax would skip a step below an existing (unusable) newer one.
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            force=True,
-        )
-        self._manager.wait_until_finished()
+        """Writes `state` (host arrays) and `meta` (JSON-able) as `step`, replacing one there.
+
+        Returns once the checkpoint is on disk under its final name (resume
+        and shutdown rely on "returned" meaning "saved").
+        """
+        if self._read_only:
+            raise RuntimeError(f"{self._directory} was opened read-only")
+        final = os.path.join(self._directory, str(step))
+        partial = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
+        os.makedirs(partial)
+        try:
+            _write_state(os.path.join(partial, STATE_FILE), state)
+            _write_bytes(os.path.join(partial, META_FILE), json.dumps(meta).encode())
+            if os.path.exists(final):
+                # A save at a step that already has one: the final save of a run
+                # whose learner did not step since the last one. Counters and
+                # replay have moved on, so the newer save wins.
+                old = f"{final}.old-{uuid.uuid4().hex[:8]}"
+                os.rename(final, old)
+                os.rename(partial, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(partial, final)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        _fsync_directory(self._directory)
+        if self._max_to_keep is not None:
+            for old_step in self.steps()[: -self._max_to_keep]:
+                shutil.rmtree(os.path.join(self._directory, str(old_step)), ignore_errors=True)
 
     def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
         """(state, meta) of step `step`; `target` gives the state's structure, shapes and dtypes.
 
-        Leaves come back as numpy arrays when `target`'s are numpy arrays.
+        Leaves come back as numpy arrays.
 
         Raises:
-          Exception: whatever orbax or the file system raise for a missing,
-            truncated or mismatched checkpoint.
+          Exception: whatever the file system, zip or JSON readers raise for a
+            missing or truncated checkpoint; ValueError for one of another structure.
         """
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
-            ),
-        )
-        _check_same_structure(restored.state, target, step)
-        return restored.state, restored.meta
+        directory = os.path.join(self._directory, str(step))
+        state_path = os.path.join(directory, STATE_FILE)
+        if not os.path.exists(state_path) and os.path.isdir(os.path.join(directory, "state")):
+            if self._orbax is None:
+                self._orbax = _OrbaxReader(self._directory)
+            return self._orbax.restore(step, target)
+        state = _read_state(state_path, target, step)
+        with open(os.path.join(directory, META_FILE)) as f:
+            meta = json.load(f)
+        return state, meta
 
     def restore_newest(self, target: Any, owner: str) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, state, meta) of the newest checkpoint that loads, or None if none does.
@@ -174,6 +192,111 @@ class LearnerCheckpoints:
                 continue
             return step, state, meta
         return None
+
+    def close(self) -> None:
+        if self._orbax is not None:
+            self._orbax.close()
+            self._orbax = None
+
+
+def _leaf_paths(tree: Any) -> tuple[list[str], list[Any]]:
+    with_paths, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return [jax.tree_util.keystr(path) for path, _ in with_paths], [x for _, x in with_paths]
+
+
+def _write_state(path: str, state: Any) -> None:
+    """`state`'s leaves as raw bytes, and a manifest of their paths, shapes and dtypes.
+
+    Raw bytes, because `np.save` loses dtypes numpy does not know (bfloat16).
+    """
+    paths, leaves = _leaf_paths(state)
+    arrays = [np.asarray(leaf) for leaf in leaves]
+    manifest = [[p, list(a.shape), str(a.dtype)] for p, a in zip(paths, arrays)]
+    members = {
+        f"leaf_{i}": np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        for i, a in enumerate(arrays)
+    }
+    members[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **members)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_state(path: str, target: Any, step: int) -> Any:
+    paths, leaves = _leaf_paths(target)
+    expected = [np.asarray(leaf) for leaf in leaves]
+    with np.load(path) as saved:
+        manifest = json.loads(saved[_MANIFEST].tobytes())
+        saved_paths = [entry[0] for entry in manifest]
+        if saved_paths != paths:
+            first = next(
+                (f"{a} vs {b}" for a, b in zip(saved_paths, paths) if a != b),
+                f"{len(saved_paths)} leaves vs {len(paths)}",
+            )
+            raise ValueError(
+                f"checkpoint {step} holds a state of another structure than this agent's "
+                f"(saved vs expected: {first})"
+            )
+        restored = []
+        for i, ((leaf_path, shape, dtype), want) in enumerate(zip(manifest, expected)):
+            if tuple(shape) != want.shape or dtype != str(want.dtype):
+                raise ValueError(
+                    f"checkpoint {step} holds a {dtype}{list(shape)} leaf {leaf_path} where "
+                    f"this agent has {want.dtype}{list(want.shape)}"
+                )
+            restored.append(saved[f"leaf_{i}"].view(want.dtype).reshape(want.shape))
+    return jax.tree.unflatten(jax.tree.structure(target), restored)
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_directory(directory: str) -> None:
+    """Makes a rename inside `directory` durable (a crash after it keeps the new name)."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+class _DropOrbaxInfo(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+class _OrbaxReader:
+    """Reads learner checkpoints that orbax wrote (runs from before this format)."""
+
+    def __init__(self, directory: str):
+        import orbax.checkpoint as ocp  # only for old checkpoints
+
+        # orbax narrates every restore at INFO through absl's logger, which
+        # `absl.app.run` shows; its warnings and errors still come through.
+        absl_logger = logging.getLogger("absl")
+        if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
+            absl_logger.addFilter(_DropOrbaxInfo())
+        self._ocp = ocp
+        options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False)
+        self._manager = ocp.CheckpointManager(
+            directory, options=options, item_names=("state", "meta")
+        )
+
+    def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
+        ocp = self._ocp
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
+            ),
+        )
+        _check_same_structure(restored.state, target, step)
+        return restored.state, restored.meta
 
     def close(self) -> None:
         self._manager.close()

@@ -4,7 +4,8 @@ By hand, from outside the process: write the wanted count into
 `<logdir>/control/num_actors` (for example `echo 4 > runs/x/control/num_actors`).
 The driver checks the file every poll (a `stat`, 4 times a second) and,
 when its content changed, adds actors (the next unused index, so a new seed
-offset) or removes the newest ones until the count matches. A file is
+offset) or removes the newest ones until the count matches (skipping the
+last writer of a replay shard, which must stay). A file is
 chosen over a socket or a Ray call because it works the same under every
 launcher, needs no port, survives the driver, and a resumed run reapplies it.
 
@@ -153,10 +154,18 @@ class ActorScaler:
       min_actors, max_actors: bounds of every count this sets (the control
         file's too: a count outside them is clamped, with a warning).
       policy: the elastic policy, or None (off).
-      balance: measures each actor's share of inserted data, or None (off).
+      balance: measures each actor's share of inserted and sampled data, or None (off).
       replace_dominant: replace an actor that dominated the inserted data in
         `balance.PERSISTENT_WINDOWS` windows in a row by a fresh one (the next
         unused index: a new seed).
+      sample_weights: the "downweight" remedy, or None (off): called with
+        {actor index: balance_weight} for the actors that dominated
+        `balance.PERSISTENT_WINDOWS` windows in a row and still dominate
+        (`balance.next_weights`); it hands them to every learner, which then
+        multiplies the priorities of those actors' items by the weight. Sent
+        again after every judged window while any actor is weighted, so a
+        restarted learner gets them back.
+      balance_weight: the weight `sample_weights` hands out.
       apply_existing: act on a control file that exists already (a resumed
         run); otherwise only a later change counts, so a file left by an
         earlier run in the same logdir does not resize a new one.
@@ -176,6 +185,8 @@ class ActorScaler:
         replace_dominant: bool = False,
         apply_existing: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        sample_weights: Callable[[dict[int, float]], None] | None = None,
+        balance_weight: float = 0.5,
     ):
         check_bounds(min_actors, max_actors)
         self._path = num_actors_path(logdir)
@@ -183,6 +194,8 @@ class ActorScaler:
         self._min_actors, self._max_actors = min_actors, max_actors
         self._policy, self._balance = policy, balance
         self._replace_dominant = replace_dominant
+        self._sample_weights, self._balance_weight = sample_weights, balance_weight
+        self._weighted: dict[str, float] = {}  # actor -> the weight the learners apply
         self._clock = clock
         self._control_text = None if apply_existing else self._read_control_file()
         self._variance_samples: list[float] = []
@@ -213,14 +226,22 @@ class ActorScaler:
     def row_fields(self) -> dict[str, float]:
         """Columns for the metrics row: actor count and the latest balance measurement."""
         fields: dict[str, float] = {"num_actors": len(self._active())}
-        if self._balance is not None and self._balance.last is not None:
-            fields["insert_share_max"] = self._balance.last.max_share
-            fields["insert_share_limit"] = self._balance.last.limit
-            fields["dominant_actors"] = len(self._balance.last.dominant)
+        last = self._balance.last if self._balance is not None else None
+        if last is not None:
+            fields["insert_share_max"] = last.max_share
+            fields["insert_share_limit"] = last.limit
+            fields["dominant_actors"] = len(last.dominant)
+            if last.sample_shares:
+                fields["sample_share_max"] = last.max_sample_share
+            if last.top_dominant in last.sample_shares:
+                # What the remedy is about: the most dominant actor's share of the samples.
+                fields["dominant_sample_share"] = last.sample_shares[last.top_dominant]
+        if self._sample_weights is not None:
+            fields["downweighted_actors"] = len(self._weighted)
         return fields
 
     def set_count(self, wanted: int, why: str) -> list[str]:
-        """Adds or removes (the newest) actors until `wanted` act; returns what it did.
+        """Adds or removes (the newest that may go) actors until `wanted` act; returns what it did.
 
         A change that fails (a full Ray cluster) is reported and leaves the
         run as it is: resizing never ends a run.
@@ -231,9 +252,7 @@ class ActorScaler:
             while len(self._active()) < wanted:
                 lines.append(f"elastic: added {self._add()} ({why})")
             while len(self._active()) > wanted:
-                newest = self._active()[-1]
-                self._remove(newest)
-                lines.append(f"elastic: removed {newest} ({why})")
+                lines.append(f"elastic: removed {self._remove_newest_removable()} ({why})")
         except Exception as error:  # noqa: BLE001  reported; the run goes on
             lines.append(f"elastic: could not reach {wanted} actors ({why}): {error}")
             logging.warning(lines[-1])
@@ -241,6 +260,21 @@ class ActorScaler:
             self._window_start = None  # the measurement mixed two counts: start over
             self._variance_samples = []
         return lines
+
+    def _remove_newest_removable(self) -> str:
+        """Removes the newest actor that may go; returns its name.
+
+        `remove_actor` raises ValueError, changing nothing, for an actor that
+        may not go (the last writer of a replay shard); the next newest is tried.
+        """
+        refusals = []
+        for name in reversed(self._active()):
+            try:
+                self._remove(name)
+                return name
+            except ValueError as refusal:
+                refusals.append(str(refusal))
+        raise ValueError("no actor may be removed: " + "; ".join(refusals))
 
     def _read_control_file(self) -> str | None:
         """The control file's text (the content last acted on is compared); None: no file."""
@@ -327,11 +361,40 @@ class ActorScaler:
             return []
         lines = []
         for name, share in report.dominant.items():
+            sampled = ""
+            if name in report.sample_shares:
+                sampled = f" (and {report.sample_shares[name]:.0%} of the rows learners sampled)"
             lines.append(
-                f"data balance: {name} inserted {share:.0%} of the last window's data, above "
-                f"{report.limit:.0%} (balance_factor / {len(report.shares)} actors)"
+                f"data balance: {name} inserted {share:.0%} of the last window's data{sampled}, "
+                f"above {report.limit:.0%} (balance_factor / {len(report.shares)} actors)"
             )
             logging.warning(lines[-1])
             if self._replace_dominant and name in report.persistent and name in self._active():
                 lines.append(self._replace(name))
+        if self._sample_weights is not None:
+            lines += self._reweigh(report)
+        return lines
+
+    def _reweigh(self, report: balance_lib.BalanceReport) -> list[str]:
+        """The "downweight" remedy after a judged window: new weights to the learners."""
+        weights = balance_lib.next_weights(report, self._weighted, self._balance_weight)
+        lines = [
+            f"data balance: learners now multiply the priorities of {name}'s items by "
+            f"{weights[name]:g} (balance_weight), so that it is sampled less"
+            for name in weights.keys() - self._weighted.keys()
+        ]
+        lines += [
+            f"data balance: {name} no longer dominates; its items' priorities are no longer lowered"
+            for name in self._weighted.keys() - weights.keys()
+        ]
+        if weights or self._weighted:
+            try:
+                self._sample_weights(
+                    {balance_lib.actor_index(name): weight for name, weight in weights.items()}
+                )
+            except Exception as error:  # noqa: BLE001  sent again after the next window
+                lines.append(f"data balance: sending priority weights failed: {error}")
+        self._weighted = weights
+        for line in lines:
+            logging.warning(line)
         return lines

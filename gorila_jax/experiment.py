@@ -21,7 +21,7 @@ from gorila_jax import metrics, monitor, parameter_server, types
 from gorila_jax import builder as builder_lib
 from gorila_jax import program as program_lib
 from gorila_jax.experiment_config import LEARNER_MODES, ExperimentConfig
-from gorila_jax.wiring import add_actor, make_program, remove_actor
+from gorila_jax.wiring import add_actor, make_program, remove_actor, set_sample_weights
 
 __all__ = [
     "LEARNER_MODES",
@@ -160,12 +160,18 @@ def _actor_scaler(
         functools.partial(add_actor, running, builder, cfg, spec),
         functools.partial(remove_actor, running),
         lambda: [node.name for node in running.active_nodes("actor")],
-        cfg.min_actors,
+        cfg.actor_count_floor,
         cfg.max_actors,
         cfg.elastic_policy,
         tracker,
-        cfg.balance_replace,
+        cfg.data_balance_remedy == "replace",
         apply_existing=cfg.resume,
+        sample_weights=(
+            functools.partial(set_sample_weights, running)
+            if cfg.data_balance_remedy == "downweight"
+            else None
+        ),
+        balance_weight=cfg.balance_weight,
     )
 
 

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from gorila_jax import balance, checkpoint, compression, elastic, envs, launchers, learner
+from gorila_jax import balance, checkpoint, compression, elastic, envs, launchers
 
 
 LEARNER_MODES = ("sync", "gorila")
@@ -75,9 +75,9 @@ class ExperimentConfig:
       num_learner_hosts: learner processes, one per host, that run every update
         together over all their devices (`jax.distributed`; the learner
         group's nodes learner/0 .. learner/H-1, spread over Ray nodes). Needs
-        launcher=ray, learner_mode=sync and (for now) checkpoint_interval_steps=0
-        when above 1. Such a learner is not restarted: losing one of its
-        processes fails the run.
+        launcher=ray and learner_mode=sync when above 1. The chief (learner/0)
+        alone checkpoints; losing any of the processes restarts all of them
+        (a fresh jax.distributed job) from the newest checkpoint.
       param_cache_per_host: actors read parameters from a cache on their host
         (gorila_jax/param_cache.py) instead of from the learner or shards,
         which then send each new version once per host, not once per actor.
@@ -103,18 +103,28 @@ class ExperimentConfig:
       min_actors, max_actors: bounds of the actor count while the run goes:
         `<logdir>/control/num_actors` (a count written there is applied by
         the driver; gorila_jax/elastic.py) and the elastic policy keep within them.
+        The lower bound is raised to num_replay_shards (`actor_count_floor`):
+        removing actors never leaves a replay shard without a writer.
       elastic_interval_s: seconds between decisions of the elastic policy
         (add an actor when env steps/s < elastic_target_env_steps_per_s and
         the variance of the learner metric elastic_variance_metric is below
         elastic_variance_threshold; remove one above twice the threshold); 0: off.
       elastic_target_env_steps_per_s, elastic_variance_threshold,
         elastic_variance_metric: see elastic_interval_s and `elastic.ElasticPolicy`.
-      balance_interval_s: each actor's share of the data inserted into replay
-        is measured over windows this long (gorila_jax/balance.py); 0: off.
-      balance_factor: an actor whose share exceeds balance_factor / (acting
-        actors) is reported (a warning and the `dominant_actors` metric).
-      balance_replace: also replace an actor reported in two windows in a row
-        by a fresh one with a new seed (the next unused actor index).
+      balance_interval_s: each actor's share of the data inserted into and
+        sampled from replay is measured over windows this long
+        (gorila_jax/balance.py); 0: off.
+      balance_factor: an actor whose inserted share exceeds balance_factor /
+        (acting actors) is reported (a warning and the `dominant_actors` metric).
+      balance_remedy: what happens to an actor reported in two windows in a
+        row: "report" (nothing more), "replace" (a fresh actor with a new
+        seed, the next unused actor index, takes its place) or "downweight"
+        (the learners multiply the priorities they write for its items by
+        balance_weight while it dominates; prioritized tables only).
+      balance_replace: the same as balance_remedy="replace" (kept for
+        existing command lines; any other remedy beside it is an error).
+      balance_weight: the "downweight" factor on a dominant actor's
+        priorities, in (0, 1).
     """
 
     env_id: str = "CartPole-v1"
@@ -173,7 +183,14 @@ class ExperimentConfig:
     elastic_variance_metric: str = "grad_norm"
     balance_interval_s: float = 30.0
     balance_factor: float = 1.5
+    balance_remedy: str = "report"
     balance_replace: bool = False
+    balance_weight: float = 0.5
+
+    @property
+    def data_balance_remedy(self) -> str:
+        """The remedy in effect: balance_remedy, or "replace" when balance_replace is set."""
+        return "replace" if self.balance_replace else self.balance_remedy
 
     @property
     def elastic_policy(self) -> elastic.ElasticPolicy | None:
@@ -185,9 +202,20 @@ class ExperimentConfig:
             self.elastic_target_env_steps_per_s,
             self.elastic_variance_threshold,
             self.elastic_variance_metric,
-            self.min_actors,
+            self.actor_count_floor,
             self.max_actors,
         )
+
+    @property
+    def actor_count_floor(self) -> int:
+        """The fewest actors a running program keeps: min_actors, at least num_replay_shards.
+
+        Actor i writes to replay shard i % num_replay_shards. A shard nobody
+        writes to stops filling, and its rate limiter then holds back every
+        learner that samples across the shards. `wiring.remove_actor` also
+        refuses to remove a shard's last writer, whatever the count.
+        """
+        return max(self.min_actors, self.num_replay_shards)
 
     @property
     def num_actor_hosts(self) -> int:
@@ -271,10 +299,6 @@ class ExperimentConfig:
                 f"num_learner_hosts={self.num_learner_hosts} needs learner_mode=sync, "
                 f"got learner_mode={self.learner_mode!r}"
             )
-        if self.num_learner_hosts > 1 and self.checkpoint_interval_steps:
-            raise ValueError(
-                f"num_learner_hosts={self.num_learner_hosts}: {learner.MULTIHOST_CHECKPOINTS}"
-            )
         if self.param_cache_per_host and self.actors_per_host <= 0:
             raise ValueError(
                 "param_cache_per_host needs actors_per_host (actors on each host, one cache "
@@ -312,7 +336,14 @@ class ExperimentConfig:
                 f"elastic_interval_s must not be negative, got {self.elastic_interval_s}"
             )
         self.elastic_policy  # noqa: B018  raises ValueError for bad elastic_* settings
-        balance.validate(self.balance_factor, self.balance_interval_s)
+        balance.validate(
+            self.balance_factor, self.balance_interval_s, self.balance_remedy, self.balance_weight
+        )
+        if self.balance_replace and self.balance_remedy not in ("report", "replace"):
+            raise ValueError(
+                f"balance_replace=True asks for balance_remedy='replace', but balance_remedy="
+                f"{self.balance_remedy!r}: set only one of them"
+            )
         if self.resume and not self.checkpoint_interval_steps:
             raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
         if self.resume and not checkpoint.saved_steps(self.logdir):

@@ -22,6 +22,7 @@ import numpy as np
 from gorila_jax import builder as builder_lib
 from gorila_jax import monitor as monitor_lib
 from gorila_jax import (
+    balance,
     checkpoint,
     compression,
     learner,
@@ -76,9 +77,19 @@ class ParameterShardNode(program.Worker):
         self._report_interval_s = report_interval_s
         self._encoders: dict[str, compression.DeltaEncoder] = {}
         self._encoders_lock = threading.Lock()
+        # Parameter bytes this shard sent to readers (workers, actors, caches,
+        # the evaluator): the shard's side of the learner's params_bytes_served.
+        self._bytes_served = 0
+        self._served_lock = threading.Lock()
+
+    def _served(self, answer: tuple[int, Any] | None) -> tuple[int, Any] | None:
+        if answer is not None:
+            with self._served_lock:
+                self._bytes_served += int(answer[1].nbytes)
+        return answer
 
     def get(self, held_version: int = -1) -> tuple[int, np.ndarray] | None:
-        return self._shard.get(held_version)
+        return self._served(self._shard.get(held_version))
 
     def snapshot(self) -> dict[str, Any]:
         return self._shard.snapshot()
@@ -98,7 +109,8 @@ class ParameterShardNode(program.Worker):
         with self._encoders_lock:
             if not has_base or receiver not in self._encoders:
                 self._encoders[receiver] = compression.DeltaEncoder()
-            return version, self._encoders[receiver].encode(params)
+            encoded = self._encoders[receiver].encode(params)
+        return self._served((version, encoded))
 
     def push(self, gradient: compression.Encoded, version_used: int) -> parameter_server.PushResult:
         return self._shard.push(gradient, version_used)
@@ -111,10 +123,12 @@ class ParameterShardNode(program.Worker):
         A worker that refreshes after every push pays one round trip, not two.
         """
         result = self._shard.push(gradient, version_used)
-        return result, None if held_version is None else self._shard.get(held_version)
+        return result, None if held_version is None else self.get(held_version)
 
     def counters(self) -> dict[str, int]:
-        return dict(self._shard.counters)
+        """The shard's update counters, and `bytes_served`: parameter bytes sent to readers."""
+        with self._served_lock:
+            return {**self._shard.counters, "bytes_served": self._bytes_served}
 
     def run(self) -> None:
         last_applied, last_time = 0, time.monotonic()
@@ -129,6 +143,11 @@ class ParameterShardNode(program.Worker):
                 f"{prefix}updates_per_s": rate,
                 f"{prefix}applied": counters["applied"],
                 f"{prefix}dropped_stale": counters["dropped_stale"],
+                f"{prefix}params_bytes_served": counters["bytes_served"],
+                # Per version the shard made: what each update costs its readers.
+                f"{prefix}params_bytes_served_per_version": (
+                    counters["bytes_served"] / max(self._shard.get()[0], 1)
+                ),
             }
             # Counters under names the monitor does not total: shards apply
             # updates, they are not extra learner steps. Pushes move even
@@ -429,6 +448,8 @@ class GradientWorkerNode(program.Worker):
         for name, value in (restored_counters or {}).items():
             if name in self.counters:
                 self.counters[name] = int(value)
+        # Rows sampled per source actor, and the data-balance priority weights.
+        self._sampled = balance.SampledRows(restored_counters)
         self._checkpoints = None
         if checkpoint_dir is not None:
             self._checkpoints = checkpoint.LearnerCheckpoints(
@@ -473,8 +494,9 @@ class GradientWorkerNode(program.Worker):
         """One gradient from a device batch pushed to all shards; True if it was applied."""
         grads, info = self._grads_fn(self._replicated, batch)
         self._latest_metrics = info.metrics
+        scale = None if keys is None else self._sampled.count(keys)
         if keys is not None and info.priorities is not None and self._priorities is not None:
-            self._priorities.submit(keys, info.priorities)
+            self._priorities.submit(keys, info.priorities, scale)
         loss = float(np.asarray(info.metrics["loss"])[0])
         finite = True
         checked = grads
@@ -609,10 +631,21 @@ class GradientWorkerNode(program.Worker):
         return step
 
     def _heartbeat_counters(self) -> dict[str, int]:
-        return {**self.counters, "learner_steps": self.counters["applied"]}
+        return {
+            **self.counters,
+            "learner_steps": self.counters["applied"],
+            **self._sampled.counters(),
+        }
+
+    def set_sample_weights(self, weights: dict[int, float]) -> None:
+        """Data balance ("downweight"): new priorities of actor i's items are multiplied by
+        weights[i] from the next gradient on (`balance.SampledRows.set_weights`)."""
+        self._sampled.set_weights(weights)
 
     def _metrics(self, counters: dict[str, int]) -> dict[str, float]:
-        """What the monitor logs of this worker: its counters and its agent's latest metrics."""
+        """What the monitor logs of this worker: its counters and its agent's latest metrics
+        (not its rows per actor: one column per actor and worker; the balance report has them)."""
+        counters = {k: v for k, v in counters.items() if not k.startswith(balance.SAMPLED_PREFIX)}
         values = {**self.latest_metrics(), **counters}
         return {f"worker{self._index}/{name}": value for name, value in values.items()}
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import checkpoint, multihost, parallel, precision, program, replay, types
-from gorila_jax import sharded_replay
+from gorila_jax import balance, sharded_replay
 from gorila_jax import monitor as monitor_lib
 
 
@@ -139,16 +139,6 @@ def _guarded_pair_step(guarded_step: Callable, state_and_guard: tuple, batch: An
     return (state, guard), info, published
 
 
-# Why a multi-host learner takes no checkpoints yet (found in a real run): orbax
-# 0.11.5 in a jax.distributed process calls DistributedRuntimeClient.key_value_try_get,
-# which jaxlib 0.4.34 lacks, and syncs all processes (collectives that the
-# non-chief processes never join) while the chief alone saves.
-MULTIHOST_CHECKPOINTS = (
-    "a multi-host learner cannot checkpoint yet (orbax 0.11 fails inside a jax.distributed "
-    "process with jaxlib 0.4.34); set checkpoint_interval_steps=0"
-)
-
-
 class NumericalFault(RuntimeError):
     """Updates stayed non-finite and there is no checkpoint to roll back to."""
 
@@ -212,7 +202,7 @@ class DevicePrefetcher:
                     batch.data, batch.probabilities, batch.table_size
                 )
                 on_device = parallel.shard_to_devices(sampled, self._devices)
-                self._put((replay.row_keys(batch), on_device))
+                self._put((replay.row_keys(batch, with_sources=True), on_device))
         except BaseException as error:  # noqa: BLE001  handed to the learner thread in get()
             self._error = error
 
@@ -227,8 +217,9 @@ class DevicePrefetcher:
     def get(self, timeout: float) -> tuple[np.ndarray, Any] | None:
         """The next (keys, device batch), or None if none came within `timeout`.
 
-        keys: the batch's item keys, with their shards for a sharded replay
-        (`replay.row_keys`), as the priority updater takes them.
+        keys: the batch's item keys, with their shards for a sharded replay and
+        the actor that wrote each item (`replay.row_keys`), as the priority
+        updater takes them and `balance.SampledRows` counts them.
         """
         if self._error is not None:
             raise RuntimeError("sampling from replay failed") from self._error
@@ -294,11 +285,14 @@ class LearnerNode(program.Worker):
         priorities of exactly the items it sampled, and steps in lockstep
         with the others: a stop asked of any process stops all of them after
         the same update (stop votes). Only the chief publishes parameters
-        (`get_params`) and reports metrics; `num_devices` must be 0 or all of
-        the host's devices. A multi-host learner is not restarted, nor rolled
-        back: a lost process or a numerical fault fails the run. It takes no
-        checkpoints yet (`MULTIHOST_CHECKPOINTS` says why); the code that
-        would restore one reads it in the chief alone and broadcasts it.
+        (`get_params`), reports metrics and saves and restores checkpoints
+        (`checkpoint_dir` is ignored in the others): it reads a checkpoint
+        alone and broadcasts it to the others. While it saves, the others
+        wait in the next update's collectives. `num_devices` must be 0 or
+        all of the host's devices. One process is never restarted alone (it
+        cannot rejoin the others' job): the wiring restarts the whole group
+        (`program.Program.restart_together`). A numerical fault is not rolled
+        back; it fails every process at the same step.
       learner_process_id: this process's index p, 0 .. H - 1.
       rendezvous: client of the `multihost.Rendezvous` node through which the
         chief tells the others the coordinator address it picked (H > 1).
@@ -359,9 +353,7 @@ class LearnerNode(program.Worker):
         builder.validate(num_learner_hosts * len(self._devices))
         self._codec = builder.item_codec(spec)
         self._checkpoints = None
-        if checkpoint_dir is not None and self._process_group is not None:
-            raise ValueError(f"num_learner_hosts={num_learner_hosts}: {MULTIHOST_CHECKPOINTS}")
-        if checkpoint_dir is not None:
+        if checkpoint_dir is not None and self._is_chief:
             self._checkpoints = checkpoint.LearnerCheckpoints(
                 checkpoint_dir, max_checkpoints_to_keep
             )
@@ -374,6 +366,8 @@ class LearnerNode(program.Worker):
             spec, seed, restore_step if self._is_chief else None
         )
         self._steps = max(self._steps, int((restored_counters or {}).get("learner_steps", 0)))
+        # Rows trained on per source actor, and the data-balance priority weights.
+        self._sampled = balance.SampledRows(restored_counters)
         if self._process_group is not None:
             state = self._agree_with_chief(state)
             self.local_batch_size()  # a global batch that does not split fails here, by name
@@ -470,12 +464,13 @@ class LearnerNode(program.Worker):
             (
                 jax.device_get(state),
                 np.asarray(self._steps, np.int32),
+                np.asarray(self._started_from, np.int32),
                 np.asarray(guard.get("skipped_steps", 0), np.int32),
                 np.asarray(guard.get("lr_scale", 1.0), np.float32),
             )
         )
-        state, steps, skipped, lr_scale = shared
-        self._steps = int(steps)
+        state, steps, started_from, skipped, lr_scale = shared
+        self._steps, self._started_from = int(steps), int(started_from)
         self._guard_meta = {**guard, "skipped_steps": int(skipped), "lr_scale": float(lr_scale)}
         return state
 
@@ -509,9 +504,10 @@ class LearnerNode(program.Worker):
             with self._params_lock:
                 self._steps += 1
                 self._published = published
+        scale = self._sampled.count(keys)
         if info.priorities is not None and self._priorities is not None:
             # The updater thread waits for the device; this thread dispatches the next step.
-            self._priorities.submit(keys, info.priorities)
+            self._priorities.submit(keys, info.priorities, scale)
         # The previous step's streak: reading it waits only for that step,
         # while this one is already queued on the devices.
         previous, self._last_info = self._last_info, info
@@ -558,9 +554,10 @@ class LearnerNode(program.Worker):
                     self._published = published
         self._last_item = item
         self._last_batch_size = keys.size * self._num_processes
+        scale = self._sampled.count(keys)
         if info.priorities is not None and self._priorities is not None:
             # This process's rows of the global batch: exactly the items it sampled.
-            self._priorities.submit(keys, info.priorities)
+            self._priorities.submit(keys, info.priorities, scale)
         previous, self._last_info = self._last_info, info
         if previous is not None and self._max_nonfinite_steps:
             streak = int(np.asarray(previous.metrics["nonfinite_streak"])[0])
@@ -666,11 +663,22 @@ class LearnerNode(program.Worker):
             self._finished.set()
 
     def _heartbeat_counters(self) -> dict[str, int]:
+        # Every process counts the rows it sampled itself (balance.SampledRows).
+        sampled = self._sampled.counters()
         if self._process_group is None:
-            return {"learner_steps": self._steps, "started_from_step": self._started_from}
+            return {
+                "learner_steps": self._steps,
+                "started_from_step": self._started_from,
+                **sampled,
+            }
         # The monitor sums "learner_steps" over nodes: only the chief counts the job's updates.
         steps_key = "learner_steps" if self._is_chief else "process_learner_steps"
-        return {steps_key: self._steps, "started_from_step": self._started_from}
+        return {steps_key: self._steps, "started_from_step": self._started_from, **sampled}
+
+    def set_sample_weights(self, weights: dict[int, float]) -> None:
+        """Data balance ("downweight"): new priorities of actor i's items are multiplied by
+        weights[i] from the next update on (`balance.SampledRows.set_weights`)."""
+        self._sampled.set_weights(weights)
 
     def _done(self) -> bool:
         if self._process_group is None:
@@ -727,7 +735,10 @@ class LearnerNode(program.Worker):
             replay_info = self._replay.checkpoint(step)
             state = jax.device_get(parallel.unreplicate(self._state))
             meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
-            meta.setdefault("node_counters", {})[self._name] = {"learner_steps": step}
+            meta.setdefault("node_counters", {})[self._name] = {
+                **self._sampled.counters(),
+                "learner_steps": step,
+            }
             guard = jax.device_get(parallel.unreplicate(self._guard))
             meta["numeric_guard"] = {
                 "skipped_steps": int(guard.skipped_steps),
@@ -735,7 +746,7 @@ class LearnerNode(program.Worker):
                 "rollbacks": self.rollbacks,
             }
             meta.update(learner_steps=step, replay=replay_info, unix_time=time.time())
-            self._checkpoints.save(step, state, meta)  # orbax deletes its old ones here
+            self._checkpoints.save(step, state, meta)  # deletes its old ones here
         # Only now, with the new pair complete, may the replay drop the old ones.
         self._replay.keep_checkpoints(self._checkpoints.steps())
         self._last_checkpoint_step = step

@@ -221,7 +221,9 @@ class Supervisor:
     only; a death, for every node. A faulty restartable node is replaced by
     a fresh one (`RunningProgram.restart`) with the spec's `restart_kwargs`
     of its last counters, at most `max_restarts` times; then, or for a node
-    that cannot be restarted, `check` raises `RunFailed` with the reason. Stall checks pause
+    that cannot be restarted, `check` raises `RunFailed` with the reason. A
+    node of a restart group (`Program.restart_together`) is replaced with
+    every member of its group, each counting one restart. Stall checks pause
     for `stall_timeout_s` after any restart: while a learner restarts, actors
     wait on the replay's rate limiter and are not at fault. Nodes added to the
     running program later are watched from the next check on, like new ones;
@@ -271,15 +273,26 @@ class Supervisor:
         failures = self._running.failures()
         status = self._monitor.node_status()
         done = []
+        replaced: set[str] = set()  # a restart group's members are replaced once per check
         for name, spec in self._specs.items():
+            if name in replaced:
+                continue
             if spec.restart_kwargs is None:
                 # Only a restartable node's heartbeats are judged; any node's death is.
                 fault = None if name not in failures else f"died ({failures[name]})"
             else:
                 fault = self._fault(name, failures.get(name), status.get(name), now)
             if fault is not None:
-                counters = (status.get(name) or {}).get("counters", {})
-                done.append(self._restart(name, fault, counters))
+                # A node restarted together with others (`Program.restart_together`)
+                # takes all of them along, in their order; the faulty one names the reason.
+                members = [m for m in spec.restart_group if m in self._specs] or [name]
+                for member in members:  # refuse before replacing any of them
+                    self._refuse_restart(member, fault if member == name else f"({name} {fault})")
+                for member in members:
+                    reason = fault if member == name else f"replaced with {name}, which {fault}"
+                    counters = (status.get(member) or {}).get("counters", {})
+                    done.append(self._restart(member, reason, counters))
+                replaced.update(members)
         return done
 
     def _active_specs(self) -> list[program_lib.NodeSpec]:
@@ -351,15 +364,19 @@ class Supervisor:
             return f"stalled: alive but no counter moved for {flat:.1f}s (stall_timeout_s)"
         return None
 
-    def _restart(self, name: str, fault: str, counters: dict[str, float]) -> str:
-        spec = self._specs[name]
-        if spec.restart_kwargs is None:
+    def _refuse_restart(self, name: str, fault: str) -> None:
+        """Raises RunFailed if node `name` may not be restarted (again)."""
+        if self._specs[name].restart_kwargs is None:
             raise RunFailed(f"node {name} {fault}; it cannot be restarted, so the run stops")
         if self.restarts[name] >= self._max_restarts:
             raise RunFailed(
                 f"node {name} {fault}; it was restarted {self.restarts[name]} times already "
                 f"(max_restarts={self._max_restarts}), so the run stops"
             )
+
+    def _restart(self, name: str, fault: str, counters: dict[str, float]) -> str:
+        spec = self._specs[name]
+        self._refuse_restart(name, fault)
         try:
             self._running.restart(name, spec.restart_kwargs(counters))
         except NotImplementedError as error:

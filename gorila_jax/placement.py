@@ -3,9 +3,11 @@
 Learners (and Gorila's gradient workers and parameter shards) are spread over
 hosts, so that a multi-host learner gets one process per host and a lost host
 takes one of them, not all. Replay and actors are packed together, so that
-transitions mostly travel within a host. A run that asks for more than the
-cluster has fails here with a message naming the group and the resource,
-instead of waiting forever for Ray to schedule it.
+transitions mostly travel within a host: with several replay shards, each
+shard with the actors that write to it (`NodeSpec.near`), where resources
+allow. A run that asks for more than the cluster has fails here with a
+message naming the group and the resource, instead of waiting forever for
+Ray to schedule it.
 """
 
 import dataclasses
@@ -33,11 +35,15 @@ class Rule:
       with_readers: a placement group per member node instead of one for all:
         the node with every node that takes its handle (a host's parameter
         cache with the actors that read it).
+      with_near: a placement group per member node that some not yet placed
+        node asked to be near (`NodeSpec.near`: a replay shard and the actors
+        that write to it); a member nobody asked for is left to later rules.
     """
 
     members: tuple[str, ...]
     strategy: str
     with_readers: bool = False
+    with_near: bool = False
 
     def __post_init__(self):
         if self.strategy not in STRATEGIES:
@@ -52,7 +58,8 @@ DEFAULT_RULES = (
     Rule(("learner",), SPREAD),
     Rule(("gradient_worker",), SPREAD),
     Rule(("parameter_server",), SPREAD),
-    Rule(("replay", "actor"), PACK),
+    Rule(("replay",), PACK, with_near=True),  # each replay shard beside its writers
+    Rule(("replay", "actor"), PACK),  # what is left: one replay, actors near nothing
 )
 
 
@@ -116,6 +123,9 @@ def plan(program: program_lib.Program, rules: Sequence[Rule] = DEFAULT_RULES) ->
         node_sets = [(names, "")]
         if rule.with_readers:
             node_sets = [_with_readers(program, name) for name in names]
+        elif rule.with_near:
+            node_sets = [_with_near(program, name, placed) for name in names]
+            node_sets = [(members, label) for members, label in node_sets if len(members) > 1]
         for members, label in node_sets:
             members = [n for n in members if n not in placed and bundle(_resources(program, n))]
             placed.update(members)
@@ -130,6 +140,13 @@ def _with_readers(program: program_lib.Program, name: str) -> tuple[list[str], s
     readers = [spec.name for spec in program.nodes if name in spec.dependencies()]
     label = "+".join(dict.fromkeys([name] + [n.split("/")[0] for n in readers]))
     return [name, *readers], label
+
+
+def _with_near(program: program_lib.Program, name: str, placed: set[str]) -> tuple[list[str], str]:
+    """Node `name` and the nodes not yet placed that asked to be near it, and a label."""
+    near = [spec.name for spec in program.nodes if spec.near == name and spec.name not in placed]
+    label = "+".join(dict.fromkeys([name] + [n.split("/")[0] for n in near]))
+    return [name, *near], label
 
 
 def _resources(program: program_lib.Program, node_name: str) -> program_lib.Resources:

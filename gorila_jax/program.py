@@ -87,6 +87,12 @@ class NodeSpec:
     # constructor keyword arguments that replace the original ones (a
     # restored counter, the newest checkpoint). None: the node is not restarted.
     restart_kwargs: Callable[[dict[str, float]], dict[str, Any]] | None = None
+    # Nodes replaced together with this one, in this order (`Program.restart_together`);
+    # empty: only itself.
+    restart_group: tuple[str, ...] = ()
+    # A node this one should share a host with where resources allow (an actor
+    # and the replay shard it writes to); the Ray launcher's placement reads it.
+    near: str | None = None
 
     def restartable(self, restart_kwargs: Callable[[dict[str, float]], dict[str, Any]]) -> None:
         """Lets a supervisor rebuild this node after a fault, with `restart_kwargs(counters)`."""
@@ -159,6 +165,23 @@ class Program:
             return members[0].name
         known = ", ".join(self._nodes)
         raise KeyError(f"no single node called {name!r} in program {self.name!r}; nodes: {known}")
+
+    def restart_together(self, names: list[str]) -> None:
+        """A fault of any of these nodes makes the supervisor replace all of them, in this order.
+
+        For nodes that cannot outlive one another: the processes of a
+        multi-host learner share one `jax.distributed` job, which a single
+        replaced process cannot rejoin.
+
+        Raises:
+          ValueError: a node is not `restartable`.
+        """
+        specs = [self.node(name) for name in names]
+        fixed = [spec.name for spec in specs if spec.restart_kwargs is None]
+        if fixed:
+            raise ValueError(f"restart_together: {', '.join(fixed)} not restartable")
+        for spec in specs:
+            spec.restart_group = tuple(member.name for member in specs)
 
     def resources(self, group: str) -> Resources:
         return self._resources.get(group, Resources())

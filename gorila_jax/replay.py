@@ -33,6 +33,12 @@ def _ray_node_ip() -> str | None:
         return None
 
 
+# The source of an item written without one (tests, tools): counted apart, never as an actor.
+UNKNOWN_SOURCE = -1
+_SOURCE_DTYPE = np.dtype(np.int32)
+SOURCE_BYTES = _SOURCE_DTYPE.itemsize
+
+
 class ItemCodec:
     """Packs each item (a pytree of fixed-shape arrays) into one uint8 vector, and back.
 
@@ -42,6 +48,13 @@ class ItemCodec:
     CartPole transitions: about 7.6k -> 14.8k inserts/s and 36k -> 82k sampled
     items/s on 2 cores (bench/learner_throughput.py measures the result).
     Batches are packed and unpacked with a few vectorized numpy calls.
+
+    Every packed item ends with a trailer of SOURCE_BYTES: the index of the
+    actor that wrote it (int32, `UNKNOWN_SOURCE` if the writer named none).
+    The learners read it (`sources`) to count each actor's share of what
+    they sample (gorila_jax/balance.py) and to scale the priorities of a
+    dominant actor's items; agents never see it (`decode` drops it). It
+    rides inside the one column, so it costs no extra Reverb column.
 
     Args:
       example: one item, without a batch axis (e.g. a `types.Transition`).
@@ -54,43 +67,65 @@ class ItemCodec:
         self._dtypes = [leaf.dtype for leaf in leaves]
         sizes = [leaf.nbytes for leaf in leaves]
         self._bounds = np.cumsum([0, *sizes]).tolist()
-        self.num_bytes = self._bounds[-1]
+        self.payload_bytes = self._bounds[-1]  # the item's own data, without the trailer
+        self.num_bytes = self.payload_bytes + SOURCE_BYTES  # one packed item
 
     def signature(self) -> tf.TensorSpec:
         """The table signature of packed items."""
         return tf.TensorSpec([self.num_bytes], tf.uint8)
 
-    def encode(self, batch: types.PyTree) -> np.ndarray:
-        """[K, ...] leaves -> [K, num_bytes] uint8."""
+    def encode(self, batch: types.PyTree, source: int | np.ndarray = UNKNOWN_SOURCE) -> np.ndarray:
+        """[K, ...] leaves -> [K, num_bytes] uint8.
+
+        Args:
+          batch: items with a leading batch axis.
+          source: the index of the actor that wrote them (one for all, or [K]).
+        """
         leaves = tree.flatten(batch)
         count = len(leaves[0])
         parts = [
             np.ascontiguousarray(leaf, dtype).reshape(count, -1).view(np.uint8)
             for leaf, dtype in zip(leaves, self._dtypes)
         ]
+        sources = np.broadcast_to(np.asarray(source, _SOURCE_DTYPE), (count,))
+        parts.append(np.ascontiguousarray(sources).reshape(count, 1).view(np.uint8))
         return np.concatenate(parts, axis=1)
 
     def describe(self) -> str:
         """The leaves' shapes and dtypes, for error messages."""
-        return ", ".join(
+        leaves = ", ".join(
             f"{dtype}{list(shape)}" for shape, dtype in zip(self._shapes, self._dtypes)
         )
+        return f"{leaves}, {SOURCE_BYTES}-byte source actor"
+
+    def _check(self, packed: np.ndarray, table: str | None) -> np.ndarray:
+        packed = np.asarray(packed)
+        if packed.ndim != 2 or packed.shape[1] != self.num_bytes or packed.dtype != np.uint8:
+            where = f"replay table {table!r}: " if table else ""
+            if packed.ndim == 2 and packed.shape[1] == self.payload_bytes:
+                why = (
+                    "these items lack the source-actor trailer: they were written by an "
+                    "older gorila-jax (a replay checkpoint from before items named their actor?)"
+                )
+            else:
+                why = (
+                    "the table holds items of another agent config or environment "
+                    "(a replay checkpoint of another run?)"
+                )
+            raise ValueError(
+                f"{where}packed items must be [B, {self.num_bytes}] uint8 ({self.describe()}), "
+                f"got {packed.dtype}{list(packed.shape)}; {why}"
+            )
+        return packed
 
     def decode(self, packed: np.ndarray, table: str | None = None) -> types.PyTree:
-        """[B, num_bytes] uint8 -> the item structure with [B, ...] leaves.
+        """[B, num_bytes] uint8 -> the item structure with [B, ...] leaves (no trailer).
 
         Raises:
           ValueError: packed items of another width or dtype, naming `table` and
             both layouts: bytes decoded with the wrong layout would be silent garbage.
         """
-        packed = np.asarray(packed)
-        if packed.ndim != 2 or packed.shape[1] != self.num_bytes or packed.dtype != np.uint8:
-            where = f"replay table {table!r}: " if table else ""
-            raise ValueError(
-                f"{where}packed items must be [B, {self.num_bytes}] uint8 ({self.describe()}), "
-                f"got {packed.dtype}{list(packed.shape)}; the table holds items of another "
-                "agent config or environment (a replay checkpoint of another run?)"
-            )
+        packed = self._check(packed, table)
         count = packed.shape[0]
         leaves = [
             np.ascontiguousarray(packed[:, start:stop]).view(dtype).reshape(count, *shape)
@@ -99,6 +134,16 @@ class ItemCodec:
             )
         ]
         return tree.unflatten_as(self._structure, leaves)
+
+    def sources(self, packed: np.ndarray, table: str | None = None) -> np.ndarray:
+        """[B, num_bytes] uint8 -> [B] int32, the actor that wrote each item.
+
+        Raises:
+          ValueError: as `decode`.
+        """
+        packed = self._check(packed, table)
+        trailer = np.ascontiguousarray(packed[:, self.payload_bytes :])
+        return trailer.view(_SOURCE_DTYPE).reshape(-1)
 
 
 def rate_limiter(
@@ -183,6 +228,19 @@ NEWEST = -1  # ReplayNode restore_step: the newest intact checkpoint
 
 class CheckpointDamaged(Exception):
     """A replay checkpoint whose files are not those that were written."""
+
+
+class IncompatibleCheckpoint(Exception):
+    """A replay checkpoint whose items this run's agent cannot read (another format or config)."""
+
+
+def _lacks_source_trailer(held: Any, configured: Any) -> bool:
+    """Whether `held` is `configured` (packed items) less the source-actor trailer."""
+    packed = [
+        isinstance(spec, tf.TensorSpec) and spec.dtype == tf.uint8 and spec.shape.rank == 1
+        for spec in (held, configured)
+    ]
+    return all(packed) and held.shape[0] + SOURCE_BYTES == configured.shape[0]
 
 
 class PortInUse(OSError):
@@ -281,6 +339,7 @@ class ReplayNode:
         else:
             restore_step = None  # NEWEST without checkpoints: an empty replay
         tables = list(make_tables())
+        signatures = {table.info.name: table.info.signature for table in tables}
         if port is not None:
             _check_port_free(port)
         try:
@@ -294,6 +353,7 @@ class ReplayNode:
         self._restored = {"step": restore_step, "table_sizes": expected_sizes or {}}
         if expected_sizes is not None:
             self._check_restored(expected_sizes, restore_step)
+            self._check_signatures(signatures, restore_step)
             logging.warning(
                 "replay: restored the checkpoint of learner step %d, tables %s",
                 restore_step,
@@ -313,6 +373,35 @@ class ReplayNode:
                 f"replay checkpoint {self._checkpoint_dir}/{step} restored tables of sizes "
                 f"{sizes}, it holds {expected}; it is damaged (delete it to resume from an "
                 "older checkpoint)"
+            )
+
+    def _check_signatures(self, configured: dict[str, Any], step: int) -> None:
+        """Raises IncompatibleCheckpoint if a restored table's items are not this run's.
+
+        Reverb restores a table with the signature in its checkpoint, whatever
+        the configured one: without this check the writers' inserts fail
+        and the learner decodes garbage widths, far from the cause.
+        """
+        restored = self._server.localhost_client().server_info()
+        for name, signature in configured.items():
+            held = restored[name].signature if name in restored else None
+            if signature is None or held is None or held == signature:
+                continue
+            self._server.stop()
+            path = f"{self._checkpoint_dir}/{step}"
+            if _lacks_source_trailer(held, signature):
+                raise IncompatibleCheckpoint(
+                    f"replay checkpoint {path}: table {name!r} holds items of {held.shape[0]} "
+                    f"bytes, written before items carried the actor that wrote them (this "
+                    f"version's items are {signature.shape[0]} bytes: a {SOURCE_BYTES}-byte "
+                    "source-actor trailer, gorila_jax/replay.py ItemCodec); resume it with the "
+                    "version that wrote it, or start the run afresh (a new logdir, or without "
+                    "--resume)"
+                )
+            raise IncompatibleCheckpoint(
+                f"replay checkpoint {path}: table {name!r} holds items {held}, this run's "
+                f"agent writes {signature}: it is a checkpoint of another agent config or "
+                "environment"
             )
 
     def address(self) -> str:
@@ -467,18 +556,22 @@ class Batch(NamedTuple):
     # [B] int32 the replay shard that holds each item (gorila_jax/sharded_replay.py);
     # None: every item is on the one replay there is.
     shards: np.ndarray | None = None
+    # [B] int32 the actor that wrote each item (`ItemCodec.sources`); None: items not packed.
+    sources: np.ndarray | None = None
 
 
 class SampledKeys(NamedTuple):
-    """Item keys of a batch of a sharded replay, with the shard that owns each.
+    """Item keys of a sampled batch, with the shard that owns each and the actor that wrote each.
 
     What the learner hands back with new priorities, so that `PriorityUpdater`
-    sends each one to its item's shard. A single replay's batches give plain
-    key arrays instead (`row_keys`).
+    sends each one to its item's shard, and what it counts each actor's
+    sampled rows by (gorila_jax/balance.py). `row_keys` gives plain key arrays
+    when there is neither.
     """
 
     keys: np.ndarray  # [B] uint64
-    shards: np.ndarray  # [B] int32
+    shards: np.ndarray | None = None  # [B] int32; None: one replay
+    sources: np.ndarray | None = None  # [B] int32 source actors; None: unknown
 
     @property
     def size(self) -> int:
@@ -486,10 +579,13 @@ class SampledKeys(NamedTuple):
         return self.keys.size
 
 
-def row_keys(batch: Batch) -> np.ndarray | SampledKeys:
-    """What identifies the batch's items for a priority update: their keys, and their
-    shards when the replay is sharded."""
-    return batch.keys if batch.shards is None else SampledKeys(batch.keys, batch.shards)
+def row_keys(batch: Batch, with_sources: bool = False) -> np.ndarray | SampledKeys:
+    """What identifies the batch's items for a priority update: their keys, their shards
+    when the replay is sharded and, `with_sources`, the actor that wrote each item."""
+    sources = batch.sources if with_sources else None
+    if batch.shards is None and sources is None:
+        return batch.keys
+    return SampledKeys(batch.keys, batch.shards, sources)
 
 
 def batches(
@@ -518,6 +614,7 @@ def batches(
             probabilities=sample.info.probability,
             table_size=sample.info.table_size,
             data=sample.data if codec is None else codec.decode(sample.data, table),
+            sources=None if codec is None else codec.sources(sample.data, table),
         )
 
 
@@ -568,17 +665,32 @@ class PriorityUpdater:
         self._thread = threading.Thread(target=self._loop, name="priority-updater", daemon=True)
         self._thread.start()
 
-    def submit(self, keys: np.ndarray | SampledKeys, priorities: Any) -> None:
-        """Queues new priorities for the sampled items `keys` (a key array: a single replay)."""
-        self._queue.put((keys, priorities))
+    def submit(
+        self,
+        keys: np.ndarray | SampledKeys,
+        priorities: Any,
+        scale: np.ndarray | None = None,
+    ) -> None:
+        """Queues new priorities for the sampled items `keys` (a key array: a single replay).
+
+        Args:
+          keys: the items, as `row_keys` gives them.
+          priorities: [B] new priorities, possibly still computing on a device.
+          scale: [B] host factors the priorities are multiplied by once they
+            are on the host (a dominant actor's items: `balance.SampledRows`).
+        """
+        self._queue.put((keys, priorities, scale))
 
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
-            keys, priorities = work
+            keys, priorities, scale = work
             shards = None
             if isinstance(keys, SampledKeys):
-                keys, shards = keys.keys, keys.shards.reshape(-1)
+                keys, shards = keys.keys, keys.shards
+                shards = None if shards is None else shards.reshape(-1)
             priorities = np.asarray(priorities, np.float64).reshape(-1)
+            if scale is not None:
+                priorities = priorities * np.asarray(scale, np.float64).reshape(-1)
             keys = keys.reshape(-1)
             finite = np.isfinite(priorities)
             if not finite.all():  # a skipped (non-finite) update: the items keep their old ones

@@ -454,8 +454,11 @@ class ShardedSampler:
             [stream.take(count) for stream, count in zip(self._streams, counts) if count]
         )
         data = rows.data if self._codec is None else self._codec.decode(rows.data, self._table)
+        sources = None if self._codec is None else self._codec.sources(rows.data, self._table)
         if self.num_shards == 1:  # Reverb's probabilities and sizes are the replay's own
-            return replay.Batch(rows.keys, rows.probabilities, rows.table_size, data)
+            return replay.Batch(
+                rows.keys, rows.probabilities, rows.table_size, data, sources=sources
+            )
         shards = np.repeat(np.arange(self.num_shards, dtype=np.int32), counts)
         masses = self._masses()
         sizes = np.array([stream.table_size for stream in self._streams], np.int64)
@@ -465,4 +468,5 @@ class ShardedSampler:
             table_size=rows.table_size + (sizes.sum() - sizes)[shards],
             data=data,
             shards=shards,
+            sources=sources,
         )

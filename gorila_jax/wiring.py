@@ -9,7 +9,7 @@ from typing import Any
 
 import portpicker
 
-from gorila_jax import actor, checkpoint, evaluation, gorila, learner, monitor, multihost
+from gorila_jax import actor, balance, checkpoint, evaluation, gorila, learner, monitor, multihost
 from gorila_jax import builder as builder_lib
 from gorila_jax import param_cache, replay, sharded_replay, types
 from gorila_jax import program as program_lib
@@ -27,6 +27,11 @@ def make_program(
     With `resume`, every node starts from that checkpoint: learner state and
     replay from its step, counters, returns and evaluations from its meta.
     """
+    if cfg.balance_interval_s:
+        # Before anything starts: "downweight" needs priorities in the sampled table.
+        balance.check_remedy(
+            cfg.data_balance_remedy, builder.replay_tables(spec), builder.sample_table
+        )
     program = program_lib.Program("gorila")
     no_cpu = program_lib.Resources(num_cpus=0)
     saving = cfg.saves_checkpoints
@@ -88,10 +93,15 @@ def make_program(
             for kwargs in multihost_kwargs
         ]
     learner_node = learner_nodes[0]  # the chief: actors and evaluator read its parameters
-    if cfg.num_learner_hosts == 1:
-        # A multi-host learner is not restarted: one replaced process cannot rejoin
-        # the others' jax.distributed job, so losing one fails the run.
-        program.node(learner_node.name).restartable(functools.partial(_restart_learner, saving))
+    for handle in learner_nodes:
+        program.node(handle.name).restartable(functools.partial(_restart_learner, saving))
+    if cfg.num_learner_hosts > 1:
+        # One replaced process cannot rejoin the others' jax.distributed job: a
+        # fault of any learner process replaces the rendezvous (so the new chief
+        # publishes a fresh coordinator address) and then every learner process,
+        # which resume from the chief's newest checkpoint.
+        program.node(rendezvous.name).restartable(_restart_rendezvous)
+        program.restart_together([rendezvous.name, *(handle.name for handle in learner_nodes)])
     _add_actors_and_evaluator(
         program,
         builder,
@@ -129,8 +139,10 @@ def _add_actors_and_evaluator(
                 cfg.eval_episodes,
                 cfg.eval_interval_s,
             )
-    caches = _add_param_caches(program, builder, cfg, spec, params_from, monitor_node)
     restored_counters = restored_counters or {}
+    caches = _add_param_caches(
+        program, builder, cfg, spec, params_from, monitor_node, restored_counters
+    )
     with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
         for index in range(cfg.num_actors):
             # Actor i reads its host's cache: actors_per_host consecutive actors share one.
@@ -144,6 +156,10 @@ def _add_actors_and_evaluator(
                 restored_counters.get(f"actor/{index}"),
             )
             handle = program.add_node(actor.ActorNode, *args, **kwargs)
+            if isinstance(replay_node, list) and len(replay_node) > 1 and not caches:
+                # Placed beside the shard it writes to (a cache's actors go with the cache).
+                shard = sharded_replay.assigned_shard(index, len(replay_node))
+                program.node(handle.name).near = replay_node[shard].name
             # A replacement acts with the same index (seed offset) and config,
             # and continues the counters (and exploration schedule) it reported last.
             program.node(handle.name).restartable(monitor.continue_counters)
@@ -161,9 +177,10 @@ def actor_arguments(
     (replay, parameter source, monitor): at launch, and for actors added later.
 
     An added actor (index >= cfg.num_actors) is told the configured actor
-    count: per-actor exploration (DQN's epsilon_end_spread) extrapolates past
-    the last configured actor, and agents sized by the count (PPO's per-actor
-    KL report) keep their shapes.
+    count, not the current one: per-actor settings stay within their
+    configured range (DQN's epsilon_end_spread gives an added actor the
+    epsilon of configured actor index % num_actors), and agents sized by
+    the count (PPO's per-actor KL report) keep their shapes.
     """
     replay_node, params_from, monitor_node = nodes
     args = (
@@ -193,12 +210,14 @@ def _add_param_caches(
     spec: types.EnvSpec,
     params_from: program_lib.Handle | list[program_lib.Handle],
     monitor_node: program_lib.Handle,
+    restored_counters: dict[str, dict[str, int]],
 ) -> list[program_lib.Handle]:
     """One parameter cache per actor host (none without `param_cache_per_host`).
 
     Each cache reads `params_from` (learner or shards). The ray launcher packs
     a cache with the actors that read it (`placement.DEFAULT_RULES`). A
-    restarted cache starts empty and fetches again; its byte totals go on.
+    restarted cache starts empty and fetches again; its byte totals go on,
+    after a restart and in a resumed run (from the checkpoint's counters).
     """
     caches: list[program_lib.Handle] = []
     if not cfg.param_cache_per_host:
@@ -215,10 +234,18 @@ def _add_param_caches(
                 monitor_node,
                 report_interval_s=cfg.heartbeat_interval_s,
                 min_fetch_interval_s=cfg.param_cache_min_fetch_interval_s,
+                restored_counters=_int_counters(
+                    restored_counters.get(f"{param_cache.GROUP}/{host}")
+                ),
             )
             program.node(handle.name).restartable(monitor.continue_counters)
             caches.append(handle)
     return caches
+
+
+def _int_counters(counters: dict[str, float] | None) -> dict[str, int] | None:
+    """A node's counters from a checkpoint's meta (JSON numbers) as the node takes them."""
+    return None if counters is None else {name: int(value) for name, value in counters.items()}
 
 
 def _add_replay_shards(
@@ -276,6 +303,12 @@ def _restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
     return {"restore_step": replay.NEWEST if saving else None}
 
 
+def _restart_rendezvous(counters: dict[str, float]) -> dict[str, Any]:
+    """A replacement rendezvous starts empty: the restarted chief publishes a new address."""
+    del counters  # it sends no heartbeats
+    return {}
+
+
 def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
     """A replacement learner resumes from its newest checkpoint; its step count goes on."""
     return {
@@ -310,16 +343,43 @@ def remove_actor(running: Any, name: str) -> None:
     """Stops actor `name` cleanly; its final counters stay in the run's totals.
 
     Raises:
-      ValueError: `name` is not an acting actor, or it is the last one (the
-        run would make no progress).
+      ValueError: `name` is not an acting actor, it is the last one (the
+        run would make no progress), or it is the last actor writing to its
+        replay shard (the shard would stop filling, and its rate limiter
+        would hold the learners back). Nothing is changed then.
     """
     acting = [spec.name for spec in running.active_nodes("actor")]
     if name not in acting:
         raise ValueError(f"cannot remove {name!r}: the acting actors are {', '.join(acting)}")
     if len(acting) == 1:
         raise ValueError(f"cannot remove {name}: it is the last actor of the run")
+    num_shards = len(running.program.groups["replay"])
+    shard = _written_shard(name, num_shards)
+    if not any(_written_shard(other, num_shards) == shard for other in acting if other != name):
+        raise ValueError(
+            f"cannot remove {name}: it is the last actor writing to replay shard {shard} "
+            f"(num_replay_shards={num_shards}); a shard without a writer stops filling and "
+            "holds the learners back; remove another actor"
+        )
     running.remove_node(name)  # returns after the actor's final report to the monitor
     running.client("monitor").retire(name)
+
+
+def set_sample_weights(running: Any, weights: dict[int, float]) -> None:
+    """Sends the data-balance priority weights (actor index -> factor) to every node that
+    samples replay: the learner's processes, or the Gorila gradient workers.
+
+    Sent without waiting: a node being restarted misses them, and the driver
+    sends them again after the next balance window (`elastic.ActorScaler`).
+    """
+    for group in ("learner", "gradient_worker"):
+        for spec in running.active_nodes(group):
+            running.client(spec.name).futures.set_sample_weights(weights)
+
+
+def _written_shard(actor_name: str, num_shards: int) -> int:
+    """The replay shard actor `actor_name` ("actor/<index>") writes to."""
+    return sharded_replay.assigned_shard(int(actor_name.rsplit("/", 1)[1]), num_shards)
 
 
 def actor_sources(running: Any) -> tuple:

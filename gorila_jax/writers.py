@@ -250,7 +250,8 @@ class NStepAdder:
         )
         if transitions is not None:
             priorities = np.full(len(transitions.reward), self._initial_priority)
-            self._writer.write(self._codec.encode(transitions), priorities)
+            items = self._codec.encode(transitions, source=step.actor_index)
+            self._writer.write(items, priorities)
 
     def close(self) -> None:
         self._writer.close()
@@ -350,7 +351,8 @@ class TrajectoryAdder:
         self._t += 1
         if self._t == self._length:
             chunk.observation[:, self._length] = step.next_observation
-            self._writer.write(self._codec.encode(chunk), np.ones(self._num_envs))
+            items = self._codec.encode(chunk, source=step.actor_index)
+            self._writer.write(items, np.ones(self._num_envs))
             self._t = 0
 
     def close(self) -> None:

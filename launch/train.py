@@ -5,8 +5,7 @@ Examples:
   python -m launch.train --launcher=local --num_actors=1 --logdir=runs/debug
   python -m launch.train --config.batch_size=128 --config.learning_rate=5e-4
   python -m launch.train --ray_address=HEAD_IP:6379  # join an existing Ray cluster
-  python -m launch.train --ray_address=HEAD_IP:6379 --num_learner_hosts=2 \
-      --checkpoint_interval_steps=0  # 2 learner hosts (no multi-host checkpoints yet)
+  python -m launch.train --ray_address=HEAD_IP:6379 --num_learner_hosts=2  # 2 learner hosts
   python -m launch.train --learner_mode=gorila --num_learners=2 --num_ps_shards=2
 
 Order of precedence for every setting: explicit flag > preset > default.
@@ -239,8 +238,19 @@ _BALANCE_FACTOR = flags.DEFINE_float(
     1.5,
     "Report an actor whose share of inserted data exceeds this / number of actors (> 1).",
 )
+_BALANCE_REMEDY = flags.DEFINE_enum(
+    "balance_remedy",
+    "report",
+    ["report", "replace", "downweight"],
+    "What happens to an actor dominant two windows in a row: report only, replace it by a "
+    "fresh one with a new seed, or downweight (learners multiply its items' priorities by "
+    "--balance_weight; prioritized replay only).",
+)
 _BALANCE_REPLACE = flags.DEFINE_bool(
-    "balance_replace", False, "Replace such an actor by a fresh one with a new seed."
+    "balance_replace", False, "The same as --balance_remedy=replace."
+)
+_BALANCE_WEIGHT = flags.DEFINE_float(
+    "balance_weight", 0.5, "--balance_remedy=downweight: the factor on priorities, in (0, 1)."
 )
 
 # ExperimentConfig field -> the flag that sets it.
@@ -296,7 +306,9 @@ _EXPERIMENT_FLAGS = {
     "elastic_variance_metric": _ELASTIC_METRIC,
     "balance_interval_s": _BALANCE_INTERVAL,
     "balance_factor": _BALANCE_FACTOR,
+    "balance_remedy": _BALANCE_REMEDY,
     "balance_replace": _BALANCE_REPLACE,
+    "balance_weight": _BALANCE_WEIGHT,
     "param_cache_per_host": _PARAM_CACHE,
     "actors_per_host": _ACTORS_PER_HOST,
     "param_cache_cpus": _PARAM_CACHE_CPUS,
@@ -357,17 +369,26 @@ def make_configs() -> tuple[object, experiment.ExperimentConfig]:
     return config, experiment.ExperimentConfig(**settings)
 
 
+def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
+    """Everything a run checks before it starts a node.
+
+    Raises:
+      ValueError: naming the setting at fault.
+    """
+    exp_config.validate()
+    spec = envs.env_spec(exp_config.env_id)
+    builder.validate(exp_config.num_learner_devices or 1, spec)
+    if exp_config.learner_mode == "gorila":
+        gorila.check_agent(builder, spec)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
     try:
         config, exp_config = make_configs()
         builder = AGENTS[_AGENT.value](config)
-        exp_config.validate()
-        spec = envs.env_spec(exp_config.env_id)
-        builder.validate(exp_config.num_learner_devices or 1, spec)
-        if exp_config.learner_mode == "gorila":
-            gorila.check_agent(builder, spec)
+        check_configs(builder, exp_config)
     except ValueError as error:
         sys.exit(f"error: {error}")
     try:

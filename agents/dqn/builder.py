@@ -107,13 +107,29 @@ class DQNBuilder:
         if evaluation:
             epsilon_fn = lambda env_steps: cfg.eval_epsilon  # noqa: E731
         else:
-            end = policy.actor_epsilon_end(
-                cfg.epsilon_end, cfg.epsilon_end_spread, actor_index, num_actors
-            )
+            end = self.final_epsilon(actor_index, num_actors)
             epsilon_fn = lambda env_steps: policy.linear_epsilon(  # noqa: E731
                 env_steps, cfg.epsilon_start, end, cfg.epsilon_decay_steps
             )
         return policy.make_epsilon_greedy(self._network(spec).apply, epsilon_fn)
+
+    def final_epsilon(self, actor_index: int, num_actors: int) -> float:
+        """Actor `actor_index`'s epsilon once decayed, for a run launched with `num_actors`.
+
+        Actors added to a running program (elastic actors, index >= num_actors)
+        take the place of configured actor `actor_index % num_actors`: the
+        spread formula would otherwise extrapolate past the last configured
+        actor, below epsilon_end * (1 - spread) and, for large indices, below 0
+        (an actor that never explores). Cycling rather than clamping to the
+        last actor's value spreads added actors over the configured range as
+        evenly as the launched ones, instead of making every added actor the
+        least exploring one.
+        """
+        cfg = self.config
+        position = actor_index % num_actors
+        return policy.actor_epsilon_end(
+            cfg.epsilon_end, cfg.epsilon_end_spread, position, num_actors
+        )
 
     # Gorila mode: shards own the parameters and the optimizer; workers keep the rest.
 

@@ -1,8 +1,9 @@
 """Elastic actors: nodes added to and removed from running programs, the control file, the policy.
 
 The launcher tests run real nodes (threads, Ray processes); the policy and
-the scaler's rules are checked with fake clocks; one real DQN run is resized
-from outside through its control file.
+the scaler's rules are checked with fake clocks; real DQN runs (sync and
+Gorila mode) are resized from outside through their control file, and, under
+Ray (slow), by the elastic policy.
 """
 
 import csv
@@ -339,13 +340,37 @@ def _csv_column(logdir, column: str) -> list[float]:
         return [float(row[column]) for row in csv.DictReader(f) if row.get(column)]
 
 
-@pytest.mark.parametrize("launcher", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def _changes(values: list[float]) -> list[float]:
+    """`values` without repeats in a row: the actor counts a run went through."""
+    return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+
+
+@pytest.mark.parametrize(
+    "mode",
+    ["sync", "gorila", pytest.param("ray_policy", marks=[pytest.mark.slow, pytest.mark.extended])],
+)
 def test_the_control_file_adds_and_removes_actors_of_a_running_experiment(
-    launcher, tmp_path, ray_options
+    mode, tmp_path, ray_options
 ):
-    settings = dict(_RAY_SETTINGS) if launcher == "ray" else {}
+    """sync and gorila (local launcher): the control file adds actor/1, then removes it.
+
+    ray_policy (the ray launcher, sync mode): the elastic policy adds actor/1
+    (throughput far under its target, gradient-norm variance far under its
+    threshold, max_actors=2); the control file removes it; the policy adds
+    actor/2 in its place.
+    """
+    by_policy = mode == "ray_policy"
+    settings = dict(_RAY_SETTINGS) if by_policy else {"launcher": "local"}
+    if mode == "gorila":
+        settings.update(learner_mode="gorila", num_learners=1, num_ps_shards=2)
+    if by_policy:
+        settings.update(
+            max_actors=2,
+            elastic_interval_s=2.0,
+            elastic_target_env_steps_per_s=1e9,
+            elastic_variance_threshold=1e9,
+        )
     settings.update(
-        launcher=launcher,
         num_actors=1,
         total_env_steps=10**9,
         eval_interval_s=0.0,
@@ -360,7 +385,8 @@ def test_the_control_file_adds_and_removes_actors_of_a_running_experiment(
             lambda: _env_steps(tmp_path, node) > above, timeout_s=120
         )
         assert grow("actor/0", 200), "actor/0 never acted"
-        _write_control(tmp_path, "2")
+        if not by_policy:
+            _write_control(tmp_path, "2")
         assert grow("actor/1", 200), "the added actor/1 does not act"
         assert fakes.wait_until(
             lambda: _node_status(tmp_path)["actor/1"]["counters"]["param_version"] > 0,
@@ -372,17 +398,17 @@ def test_the_control_file_adds_and_removes_actors_of_a_running_experiment(
         ), "actor/1 was not removed"
         final = _env_steps(tmp_path, "actor/1")
         assert grow("actor/0", _env_steps(tmp_path, "actor/0") + 300), "actor/0 stopped acting"
+        if by_policy:
+            assert grow("actor/2", 200), "the policy did not add an actor after the removal"
         return {"final": final, "later": _env_steps(tmp_path, "actor/1")}
 
-    summary, seen = _run_with(
-        dqn.DQNBuilder(CONFIG), cfg, ray_options if launcher == "ray" else {}, resize
-    )
+    summary, seen = _run_with(dqn.DQNBuilder(CONFIG), cfg, ray_options if by_policy else {}, resize)
     assert seen["final"] > 200 and seen["later"] == seen["final"], "the removed actor kept acting"
     env_steps = _csv_column(tmp_path, "env_steps")
     assert env_steps == sorted(env_steps), "env steps went backwards"
     assert summary["env_steps"] >= env_steps[-1]
-    counts = _csv_column(tmp_path, "num_actors")
-    assert 2 in counts and counts[-1] == 1
+    counts = _changes(_csv_column(tmp_path, "num_actors"))
+    assert counts == ([1, 2, 1, 2] if by_policy else [1, 2, 1])
     assert summary["restarts"] == []
 
 
@@ -415,3 +441,45 @@ def test_an_added_actor_is_wired_like_the_launched_ones(tmp_path, settings):
     )
     # Rebuilt for index 0, an added actor's arguments are actor/0's own.
     assert args == first.args and kwargs == first.kwargs
+
+
+class _Resizable(_Unlaunched):
+    """An unlaunched program whose actors are removed by hand: enough for `remove_actor`."""
+
+    def __init__(self, graph: program.Program):
+        super().__init__(graph)
+        self.removed_nodes: list[str] = []
+        self.monitor = monitor.MonitorNode()
+
+    def active_nodes(self, group=None):
+        return [s for s in super().active_nodes(group) if s.name not in self.removed_nodes]
+
+    def remove_node(self, name: str) -> None:
+        self.removed_nodes.append(name)
+
+    def client(self, name: str):
+        return self.monitor
+
+
+def test_removing_actors_never_leaves_a_replay_shard_without_a_writer(tmp_path):
+    policy_on = dict(
+        elastic_interval_s=5.0, elastic_target_env_steps_per_s=100.0, elastic_variance_threshold=1.0
+    )
+    cfg = _experiment(tmp_path, num_actors=4, num_replay_shards=2, **policy_on)
+    # min_actors=1 is raised to the shard count, for the control file and the policy alike.
+    assert cfg.min_actors == 1 and cfg.actor_count_floor == 2
+    assert cfg.elastic_policy.min_actors == 2
+    builder = dqn.DQNBuilder(CONFIG)
+    running = _Resizable(experiment.make_program(builder, cfg, SPEC))
+    # actor/1 and actor/3 write to shard 1 (i % 2): one of them may go, not both.
+    wiring.remove_actor(running, "actor/1")
+    with pytest.raises(ValueError, match="actor/3: it is the last actor writing to replay shard 1"):
+        wiring.remove_actor(running, "actor/3")
+    assert running.removed_nodes == ["actor/1"]
+    scaler = experiment._actor_scaler(running, builder, cfg, SPEC)
+    _write_control(tmp_path, "1")
+    lines = scaler.poll(_snapshot(0), dict)
+    assert "asks for 1 actors; using 2" in lines[0]
+    # The newest, actor/3, is shard 1's last writer: the next newest goes instead.
+    assert "removed actor/2" in lines[1] and len(lines) == 2
+    assert [s.name for s in running.active_nodes("actor")] == ["actor/0", "actor/3"]

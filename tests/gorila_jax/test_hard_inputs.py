@@ -49,8 +49,9 @@ def test_a_mis_shaped_item_is_rejected_at_insert_naming_the_table_and_shapes():
     try:
         # Reverb checks every item against the table's signature: the bad item
         # never reaches replay, and the actor that wrote it fails with this error.
+        # Packed widths: 20 and 24 bytes of data, each with a 4-byte source-actor trailer.
         with pytest.raises(
-            ValueError, match=f"(?s)table '{TABLE}'.*uint8 \\[20\\] tensor but got a uint8 \\[24\\]"
+            ValueError, match=f"(?s)table '{TABLE}'.*uint8 \\[24\\] tensor but got a uint8 \\[28\\]"
         ):
             writer.write(_items(OTHER_CODEC, 3), np.ones(3))
             writer.flush()
@@ -70,8 +71,8 @@ def test_sampled_items_of_another_layout_fail_to_decode_naming_the_table_and_sha
         writer.write(_items(OTHER_CODEC, 8), np.ones(8))
         writer.flush()
         expected = (
-            f"replay table '{TABLE}': packed items must be \\[B, 20\\] uint8 "
-            r"\(int32\[\], float32\[4\]\), got uint8\[4, 24\]"
+            f"replay table '{TABLE}': packed items must be \\[B, 24\\] uint8 "
+            r"\(int32\[\], float32\[4\], 4-byte source actor\), got uint8\[4, 28\]"
         )
         with pytest.raises(ValueError, match=expected):
             next(replay.batches(address, TABLE, 4, CODEC))

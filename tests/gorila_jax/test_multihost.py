@@ -1,5 +1,6 @@
 """Multi-host learners over loopback: 2 jax.distributed processes x 2 CPU devices (gloo)
-give the same DQN update as one process with 4 devices on the same global batch.
+give the same DQN update as one process with 4 devices on the same global batch, and
+a checkpoint that the chief alone saves restores bit for bit in both processes.
 
 The file is also the child program: `python -m tests.gorila_jax.test_multihost
 --process_id=...` is one learner process of the job the test starts.
@@ -7,6 +8,7 @@ The file is also the child program: `python -m tests.gorila_jax.test_multihost
 
 import argparse
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -19,7 +21,7 @@ import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, learner, multihost, parallel, types
+from gorila_jax import checkpoint, envs, learner, multihost, parallel, types
 
 ENV_ID = "CartPole-v1"
 SEED = 5
@@ -85,7 +87,7 @@ def _load(path: str, name: str, like) -> object:
 def _child_main(argv: list[str]) -> None:
     """One learner process: join, agree on the state, update, vote to stop, report."""
     parser = argparse.ArgumentParser()
-    for name in ("coordinator", "batches", "out"):
+    for name in ("coordinator", "batches", "out", "checkpoints"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--process_id", type=int, required=True)
     args = parser.parse_args(argv)
@@ -122,11 +124,14 @@ def _child_main(argv: list[str]) -> None:
         multihost.stop_votes(args.process_id == 1),
     )
     after_stop = jax.device_get(parallel.unreplicate(state_repl))
+    restored, restored_step = _save_on_chief_and_restore(args, builder, spec, trained)
     _save(
         args.out,
         {
             "trained": trained,
             "after_stop": after_stop,
+            "restored": restored,
+            "restored_step": np.asarray(restored_step),
             "published": jax.device_get(published),
             "priorities": priorities,
             "counts": np.array([jax.device_count(), jax.local_device_count()]),
@@ -135,6 +140,26 @@ def _child_main(argv: list[str]) -> None:
     )
     _stage("saved")
     multihost.shutdown()
+
+
+def _save_on_chief_and_restore(args, builder, spec, trained) -> tuple:
+    """The chief saves `trained` (as learner/0 checkpoints, inside the jax.distributed
+    job, with no other process taking part); then, as a restarted group does, every
+    process starts from a fresh state of its own and takes the chief's restored one."""
+    if multihost.is_chief():
+        saver = checkpoint.LearnerCheckpoints(args.checkpoints, max_to_keep=2)
+        saver.save(NUM_UPDATES, trained, {"learner_steps": NUM_UPDATES})
+        saver.close()
+    _stage("checkpoint saved by the chief")
+    state = jax.device_get(
+        builder_lib.initial_train_state(builder, spec, SEED + 10 + args.process_id)
+    )
+    step = -1
+    if multihost.is_chief():
+        reader = checkpoint.LearnerCheckpoints(args.checkpoints, read_only=True)
+        step, state, _ = reader.restore_newest(state, "learner/0")
+        reader.close()
+    return multihost.broadcast_from_chief((state, np.asarray(step, np.int32)))
 
 
 def _stage(message: str) -> None:
@@ -165,7 +190,8 @@ def _single_process_update(batches, spec):
 
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory):
-    """Runs the 2-process job once; returns (batches, spec, the two processes' result files)."""
+    """Runs the 2-process job once: (batches, spec, the processes' result files, the checkpoint
+    directory the chief saved in)."""
     tmp = tmp_path_factory.mktemp("multihost")
     spec = envs.env_spec(ENV_ID)
     batches = _cartpole_batches(SEED, NUM_UPDATES + 1, CONFIG.batch_size)
@@ -185,6 +211,7 @@ def two_process_run(tmp_path_factory):
                 f"--coordinator={coordinator}",
                 f"--batches={batches_path}",
                 f"--out={outs[i]}",
+                f"--checkpoints={tmp / 'checkpoints'}",
             ],
             cwd=REPO,
             env=env,
@@ -207,11 +234,11 @@ def two_process_run(tmp_path_factory):
                 outputs[i] = child.communicate()[0]
     for i, child in enumerate(children):
         assert child.returncode == 0, f"process {i} exit {child.returncode}:\n{outputs[i][-3000:]}"
-    return batches, spec, outs
+    return batches, spec, outs, str(tmp / "checkpoints")
 
 
 def test_each_process_sees_every_device_and_only_process_0_is_chief(two_process_run):
-    _, _, outs = two_process_run
+    outs = two_process_run[2]
     for process_id, out in enumerate(outs):
         with np.load(out) as saved:
             global_count, local_count = saved["counts/0"]
@@ -222,14 +249,14 @@ def test_each_process_sees_every_device_and_only_process_0_is_chief(two_process_
 
 @pytest.fixture(scope="module")
 def single_process_result(two_process_run):
-    batches, spec, _ = two_process_run
+    batches, spec = two_process_run[:2]
     return _single_process_update(batches[:NUM_UPDATES], spec)
 
 
 def test_two_process_update_equals_single_process_four_device_update(
     two_process_run, single_process_result
 ):
-    _, _, outs = two_process_run
+    outs = two_process_run[2]
     reference, reference_published, _ = single_process_result
     for out in outs:
         trained = _load(out, "trained", reference)
@@ -245,7 +272,7 @@ def test_two_process_update_equals_single_process_four_device_update(
 def test_each_process_gets_the_priorities_of_exactly_the_rows_it_sampled(
     two_process_run, single_process_result
 ):
-    _, _, outs = two_process_run
+    outs = two_process_run[2]
     _, _, reference_priorities = single_process_result
     share = CONFIG.batch_size // NUM_PROCESSES
     for process_id, out in enumerate(outs):
@@ -260,7 +287,7 @@ def test_each_process_gets_the_priorities_of_exactly_the_rows_it_sampled(
 def test_a_stop_vote_from_one_process_stops_every_process_without_an_update(
     two_process_run, single_process_result
 ):
-    _, _, outs = two_process_run
+    outs = two_process_run[2]
     reference, _, _ = single_process_result
     for out in outs:
         with np.load(out) as saved:
@@ -269,6 +296,24 @@ def test_a_stop_vote_from_one_process_stops_every_process_without_an_update(
         trained = _load(out, "trained", reference)
         after_stop = _load(out, "after_stop", reference)
         chex.assert_trees_all_equal(after_stop, trained)  # the voted step changed nothing
+
+
+def test_a_checkpoint_saved_by_the_chief_alone_restores_bit_for_bit_in_both_processes(
+    two_process_run, single_process_result
+):
+    outs, checkpoints = two_process_run[2:]
+    reference = single_process_result[0]
+    assert checkpoint.LearnerCheckpoints(checkpoints, read_only=True).steps() == [NUM_UPDATES]
+    for out in outs:
+        trained = _load(out, "trained", reference)
+        # Each process began the restore from a state of its own seed: equality
+        # proves the chief's read and the broadcast, dtypes and bits alike.
+        restored = _load(out, "restored", reference)
+        jax.tree.map(
+            functools.partial(np.testing.assert_array_equal, strict=True), restored, trained
+        )
+        with np.load(out) as saved:
+            assert int(saved["restored_step/0"]) == NUM_UPDATES
 
 
 def test_process_group_rejects_bad_settings_by_name():

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from agents import dqn
-from gorila_jax import envs, experiment, monitor, param_cache, placement, program
+from gorila_jax import checkpoint, envs, experiment, monitor, param_cache, placement, program
 from tests import fakes
 from tests.gorila_jax.test_placement import _Where
+from tests.gorila_jax.test_sharded_replay import saved_shard_use
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = envs.env_spec("CartPole-v1")
@@ -255,6 +256,30 @@ def test_actors_of_a_host_read_its_cache_and_ray_packs_them_together_in_the_plan
     assert plans["replay"].node_names == ("replay/0",)  # its actors went with their caches
 
 
+def test_a_resumed_run_continues_each_hosts_cache_byte_totals(tmp_path):
+    """--resume hands each cache the counters the checkpoint holds for it (the monitor's
+    totals start from them too), so its byte totals go on instead of restarting at 0."""
+    saved = {"requests": 40, "replies": 38, "bytes_served": 38_000, "fetches": 9}
+    saved["bytes_received"] = 9_000
+    meta = {"node_counters": {"param_cache/1": saved, "actor/2": {"env_steps": 500}}}
+    resume = checkpoint.Restored(step=10, state=None, meta=meta)
+    cfg = _cache_experiment(logdir=str(tmp_path), checkpoint_interval_steps=100)
+    graph = experiment.make_program(dqn.DQNBuilder(CONFIG), cfg, SPEC, resume)
+    assert graph.node("param_cache/1").kwargs["restored_counters"] == saved
+    assert graph.node("param_cache/0").kwargs["restored_counters"] is None  # none saved: from 0
+    # A cache built as the program builds it serves on from the saved totals.
+    learner = _Learner()
+    cache = _cache(
+        learner, restored_counters=graph.node("param_cache/1").kwargs["restored_counters"]
+    )
+    try:
+        cache.get_params(-1)
+        assert cache.counters()["bytes_served"] == saved["bytes_served"] + PARAM_BYTES
+        assert cache.counters()["bytes_received"] == saved["bytes_received"] + PARAM_BYTES
+    finally:
+        cache.close()
+
+
 def _last_row(logdir) -> dict[str, float]:
     with open(os.path.join(logdir, "metrics.csv")) as f:
         return {k: float(v) for k, v in list(csv.DictReader(f))[-1].items() if v}
@@ -297,16 +322,22 @@ def test_a_cartpole_run_with_two_host_caches_sends_about_half_the_bytes(tmp_path
 
 def test_gorila_actors_read_the_shards_through_their_host_caches(tmp_path):
     """In Gorila mode a cache assembles the shards' slices (as one delta receiver) and
-    its actors act with the versions the shards reach."""
+    its actors act with the versions the shards reach. The run's replay has two shards:
+    the gradient workers sample both and send their priorities to the owning one."""
     cfg = _cache_experiment(
         logdir=str(tmp_path),
         total_env_steps=3_000,
         learner_mode="gorila",
         num_learners=2,
         num_ps_shards=2,
+        num_replay_shards=2,
+        checkpoint_interval_steps=10**6,  # only the final one, to read the shards from
     )
-    builder = dqn.DQNBuilder(dataclasses.replace(CONFIG, min_replay_size=500))
-    summary = experiment.run_experiment(builder, cfg)
+    config = dataclasses.replace(CONFIG, min_replay_size=500)
+    summary = experiment.run_experiment(dqn.DQNBuilder(config), cfg)
+    final = checkpoint.saved_steps(tmp_path)[-1]
+    for use in saved_shard_use(tmp_path, final, dqn.builder.TABLE, config.initial_priority):
+        assert min(use["inserts"], use["samples"], use["updated_priorities"]) > 0, use
     nodes = json.loads((tmp_path / experiment.NODE_STATUS_FILE).read_text())
     assert summary["params_version"] > 0
     for index in range(4):

@@ -110,3 +110,55 @@ def test_staleness_scaling_moves_parameters_less_for_older_gradients():
     np.testing.assert_array_equal(shard.get()[1], -1.5 * ones)
     _push(shard, ones, version=0)  # two versions stale: a third
     np.testing.assert_allclose(shard.get()[1], -(1.5 + 1 / 3) * ones, rtol=1e-6)
+
+
+class _Reports:
+    """A monitor client that keeps the metrics of every report."""
+
+    def __init__(self):
+        self.metrics: list[dict] = []
+        self.futures = self
+
+    def report(self, name, counters, metrics=None):
+        self.metrics.append(dict(metrics or {}))
+
+
+def test_a_shard_node_counts_the_parameter_bytes_it_serves_and_reports_them_per_version():
+    from agents import dqn
+    from gorila_jax import envs, gorila
+    from tests import fakes
+    from tests.agents.dqn.test_learning import TINY
+
+    reports = _Reports()
+    node = gorila.ParameterShardNode(
+        dqn.DQNBuilder(TINY),
+        envs.env_spec("CartPole-v1"),
+        0,
+        0,
+        2,
+        -1,
+        monitor=reports,
+        report_interval_s=0.01,
+    )
+    version, full = node.get()  # a worker's (or the evaluator's) full slice
+    assert node.get(version) is None  # nothing newer: costs nothing
+    _, first = node.get_delta("actor/0", has_base=False)  # an actor's first: the full slice
+    assert node.get_delta("actor/0", version) is None
+    gradient = compression.GradientCompressor("none").encode(np.ones_like(full))
+    result, (new_version, refreshed) = node.push_and_get(gradient, version, version)
+    assert result.applied and new_version == version + 1
+    _, delta = node.get_delta("actor/0", version)
+    assert delta.nbytes < first.nbytes == full.nbytes  # what went on the wire is counted
+    sent = full.nbytes + first.nbytes + refreshed.nbytes + delta.nbytes
+    assert node.counters()["bytes_served"] == sent
+
+    runner = threading.Thread(target=node.run, daemon=True)
+    runner.start()
+    try:
+        assert fakes.wait_until(lambda: reports.metrics, timeout_s=30)
+    finally:
+        node.stop()
+        runner.join(10)
+    metrics = reports.metrics[-1]
+    assert metrics["shard0/params_bytes_served"] == sent
+    assert metrics["shard0/params_bytes_served_per_version"] == sent / new_version

@@ -72,6 +72,34 @@ def test_rules_may_name_single_nodes_and_must_name_real_ones():
         placement.Rule(("learner",), "SCATTER")
 
 
+def _sharded_replay_program() -> program.Program:
+    """The Gorila graph of a run with 2 replay shards and 4 actors: each shard (0.5 CPU) and
+    its two actors (0.75 each) fill one 2-CPU node exactly; the learner takes 1 CPU."""
+    from agents import dqn
+    from gorila_jax import envs, experiment
+
+    cfg = experiment.ExperimentConfig(
+        launcher="ray",
+        num_actors=4,
+        num_replay_shards=2,
+        replay_cpus=0.5,
+        cpus_per_actor=0.75,
+        learner_cpus=1.0,
+        eval_interval_s=0.0,
+        checkpoint_interval_steps=0,
+    )
+    return experiment.make_program(dqn.DQNBuilder(dqn.DQNConfig()), cfg, envs.env_spec(cfg.env_id))
+
+
+def test_plan_packs_each_replay_shard_with_the_actors_that_write_to_it():
+    plans = {p.name: p for p in placement.plan(_sharded_replay_program())}
+    # Actor i writes to shard i % 2 (sharded_replay.assigned_shard).
+    assert plans["replay/0+actor"].node_names == ("replay/0", "actor/0", "actor/2")
+    assert plans["replay/1+actor"].node_names == ("replay/1", "actor/1", "actor/3")
+    assert plans["replay/0+actor"].strategy == placement.PACK
+    assert "replay+actor" not in plans  # nothing was left for the catch-all rule
+
+
 def test_check_fits_names_the_group_and_the_missing_resource():
     nodes = [{"CPU": 2.0}, {"CPU": 2.0, "GPU": 1.0}]
     two_gpu_learners = _graph({"learner": (program.Resources(num_gpus=2), 1)})
@@ -151,6 +179,20 @@ def test_learners_land_on_different_nodes_and_actors_with_their_replay(cluster):
     assert {nodes[f"actor/{i}"] for i in range(3)} == {nodes["replay/0"]}
     tpu_nodes = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("TPU")}
     assert nodes["tpu_worker/0"] in tpu_nodes
+
+
+@pytest.mark.timeout(180)
+def test_each_replay_shards_actors_share_its_node(cluster):
+    _wait_until_idle()
+    graph = _sharded_replay_program()
+    reserved = placement.reserve(graph, timeout_s=60)
+    try:
+        nodes = _start(graph, reserved)
+    finally:
+        reserved.release()
+    for index in range(4):
+        assert nodes[f"actor/{index}"] == nodes[f"replay/{index % 2}"], index
+    assert nodes["replay/0"] != nodes["replay/1"]  # each shard's group filled a node
 
 
 @pytest.mark.timeout(60)  # a hang here is the bug under test

@@ -5,6 +5,7 @@ import threading
 import numpy as np
 import pytest
 import reverb
+import tensorflow as tf
 
 from gorila_jax import replay, types, writers
 
@@ -51,14 +52,33 @@ def test_codec_round_trips_mixed_dtypes_exactly():
         "step": rng.integers(0, 2**40, 5),
         "done": rng.random(5) < 0.5,
     }
-    packed = codec.encode(batch)
-    assert packed.shape == (5, 4 * 84 * 84 + 6 * 4 + 8 + 1) and packed.dtype == np.uint8
+    packed = codec.encode(batch, source=3)
+    payload = 4 * 84 * 84 + 6 * 4 + 8 + 1
+    assert packed.shape == (5, payload + replay.SOURCE_BYTES) and packed.dtype == np.uint8
     decoded = codec.decode(packed)
     for key in batch:
         assert decoded[key].dtype == batch[key].dtype
         np.testing.assert_array_equal(decoded[key], batch[key])
     with pytest.raises(ValueError, match="packed items must be"):
         codec.decode(packed[:, :-1])
+
+
+def test_every_item_carries_the_actor_that_wrote_it_through_encode_and_decode():
+    rng = np.random.default_rng(4)
+    codec = replay.ItemCodec({"x": np.zeros(3, np.float32), "a": np.int32(0)})
+    batch = {"x": rng.normal(size=(6, 3)).astype(np.float32), "a": np.arange(6, dtype=np.int32)}
+    np.testing.assert_array_equal(codec.sources(codec.encode(batch, source=7)), [7] * 6)
+    per_row = np.array([0, 1, 2, 40_000, 2**31 - 1, 5])
+    packed = codec.encode(batch, source=per_row)
+    np.testing.assert_array_equal(codec.sources(packed), per_row)
+    # The trailer changes nothing the agent sees.
+    np.testing.assert_array_equal(codec.decode(packed)["x"], batch["x"])
+    np.testing.assert_array_equal(codec.decode(packed)["a"], batch["a"])
+    # Items written without a source say so, rather than naming actor 0.
+    np.testing.assert_array_equal(codec.sources(codec.encode(batch)), replay.UNKNOWN_SOURCE)
+    # Rows of the old format (no trailer) are refused with the reason.
+    with pytest.raises(ValueError, match="lack the source-actor trailer"):
+        codec.decode(packed[:, : codec.payload_bytes])
 
 
 @pytest.fixture
@@ -80,6 +100,24 @@ def test_written_items_come_back_in_batches_with_keys_and_probabilities(server):
     index = batch.data.observation[:, 0].astype(int)  # observation encodes the item index
     for field, expected in zip(batch.data, written):
         np.testing.assert_array_equal(field, expected[index])
+
+
+def test_sampled_batches_name_the_actor_of_every_item(server):
+    address = f"localhost:{server.port}"
+    client = reverb.Client(address)
+    written = _transitions(60)
+    first, second = (types.Transition(*(x[a:b] for x in written)) for a, b in ((0, 20), (20, 60)))
+    for transitions, actor in ((first, 3), (second, 11)):  # two actors, through a real writer
+        writer = writers.TransitionWriter(client, TABLE)
+        writer.write(CODEC.encode(transitions, source=actor), np.ones(len(transitions.reward)))
+        writer.flush()
+    batch = next(replay.batches(address, TABLE, batch_size=64, codec=CODEC))
+    index = batch.data.observation[:, 0].astype(int)  # observation encodes the item index
+    np.testing.assert_array_equal(batch.sources, np.where(index < 20, 3, 11))
+    keys = replay.row_keys(batch, with_sources=True)
+    np.testing.assert_array_equal(keys.sources, batch.sources)
+    assert keys.shards is None and keys.size == 64
+    assert isinstance(replay.row_keys(batch), np.ndarray), "plain keys unless asked"
 
 
 def test_priority_updates_reach_the_table(server):
@@ -142,6 +180,57 @@ def test_rate_limiter_blocks_inserts_that_run_ahead_of_samples():
         assert abs((inserts - min_size) * spi - sampled) <= 16.0 * batch + 1
     finally:
         srv.stop()
+
+
+def test_scaled_priority_updates_reach_the_table_scaled(server):
+    # What the learner sends for a dominant actor's items (balance "downweight").
+    address = f"localhost:{server.port}"
+    client = reverb.Client(address)
+    _write(client, _transitions(10))
+    keys = np.unique(next(replay.batches(address, TABLE, batch_size=200)).keys)
+    updater = replay.PriorityUpdater(client, TABLE)
+    new_priorities = np.arange(2.0, 12.0)
+    scale = np.where(np.arange(10) < 5, 0.25, 1.0)
+    updater.submit(replay.SampledKeys(keys, sources=np.zeros(10, np.int32)), new_priorities, scale)
+    updater.close()
+    held = {int(s[0].info.key): s[0].info.priority for s in client.sample(TABLE, num_samples=500)}
+    assert held == pytest.approx(dict(zip(keys.tolist(), new_priorities * scale)))
+
+
+def test_a_replay_checkpoint_without_source_actors_fails_to_restore_with_the_reason(tmp_path):
+    old_signature = tf.TensorSpec([CODEC.payload_bytes], tf.uint8)  # items before the trailer
+
+    def tables(signature):
+        limiter = reverb.rate_limiters.MinSize(1)
+        return [replay.prioritized_table(TABLE, 100, 0.6, limiter, signature)]
+
+    old = replay.ReplayNode(lambda: tables(old_signature), checkpoint_dir=str(tmp_path))
+    try:
+        with reverb.Client(old.address()).trajectory_writer(1) as writer:
+            for row in CODEC.encode(_transitions(5))[:, : CODEC.payload_bytes]:
+                writer.append({"item": row})
+                writer.create_item(TABLE, 1.0, writer.history["item"][-1])
+        old.checkpoint(step=8)
+    finally:
+        old.close()
+    with pytest.raises(replay.IncompatibleCheckpoint, match="before items carried the actor"):
+        replay.ReplayNode(
+            lambda: tables(CODEC.signature()), checkpoint_dir=str(tmp_path), restore_step=8
+        )
+    # A checkpoint in the current format restores (and says nothing).
+    node = replay.ReplayNode(lambda: tables(CODEC.signature()), checkpoint_dir=str(tmp_path))
+    try:
+        _write(reverb.Client(node.address()), _transitions(5))
+        node.checkpoint(step=9)
+    finally:
+        node.close()
+    node = replay.ReplayNode(
+        lambda: tables(CODEC.signature()), checkpoint_dir=str(tmp_path), restore_step=9
+    )
+    try:
+        assert node.table_info()[TABLE]["size"] == 5
+    finally:
+        node.close()
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,16 @@
 
 import dataclasses
 import functools
+import os
 import time
 
 import jax
 import numpy as np
 import pytest
 import reverb
+import tensorflow as tf
+from reverb.cc import schema_pb2
+from reverb.cc.checkpointing import checkpoint_pb2
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
@@ -28,6 +32,31 @@ TABLE = "table"
 EXPONENT = 0.6
 # Item: (shard it was written to, its index there, its priority), as float64.
 CODEC = replay.ItemCodec(np.zeros(3, np.float64))
+
+
+def saved_shard_use(logdir, step: int, table: str, initial_priority: float) -> list[dict]:
+    """What each replay shard's checkpoint at learner step `step` says of the run, read
+    from Reverb's files (no server, so no rate limiter to wait on): items inserted and
+    sampled (Reverb keeps the rate limiter's counts), and items whose priority a learner
+    set (any other than `initial_priority`, the one actors write)."""
+    found = []
+    for directory in checkpoint.saved_replay_dirs(str(logdir)):
+        path = os.path.join(directory, str(step))
+        use = {"shard_dir": directory, "inserts": 0, "samples": 0, "updated_priorities": 0}
+        for record in _records(os.path.join(path, "tables.tfrecord")):
+            saved = checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
+            if saved.table_name == table:
+                counts = saved.rate_limiter
+                use.update(inserts=counts.insert_count, samples=counts.sample_count)
+        for record in _records(os.path.join(path, "items.tfrecord")):
+            item = schema_pb2.PrioritizedItem.FromString(record)
+            use["updated_priorities"] += item.table == table and item.priority != initial_priority
+        found.append(use)
+    return found
+
+
+def _records(path: str):
+    return tf.data.TFRecordDataset(path, compression_type="ZLIB").as_numpy_iterator()
 
 
 def _tables(max_size: int = 1000):
@@ -361,6 +390,9 @@ def test_a_run_with_two_replay_shards_fills_both_learns_and_resumes(tmp_path):
     sizes = [record["table_sizes"][dqn.builder.TABLE] for record in saved.meta["replay"]["shards"]]
     assert len(sizes) == 2 and min(sizes) > 0, sizes
     assert saved.meta["replay"]["table_sizes"][dqn.builder.TABLE] == sum(sizes)
+    # Both shards were sampled, and the learner's priorities reached both.
+    for use in saved_shard_use(tmp_path, saved.step, dqn.builder.TABLE, CONFIG.initial_priority):
+        assert use["samples"] > 0 and use["updated_priorities"] > 0, use
 
     # Resuming with another shard count would find no replay to restore: refused by name.
     with pytest.raises(ValueError, match="hold a replay of 2 shard.*num_replay_shards=1"):
