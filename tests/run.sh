@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command on a fresh machine: set up .venv, then run the test suite.
-# Extra arguments go to pytest (e.g. `-m "not slow"` for the fast tests only).
+# Extra arguments go to pytest (e.g. `-m "not slow"` for the fast tests only;
+# a -m of your own replaces the default, so `-m extended` runs the extended tests).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/setup_env.sh"
 ruff check gorila_jax agents launch tests bench
-exec python -m pytest -ra "$@"
+exec python -m pytest -ra -m "not extended" "$@"

@@ -239,6 +239,7 @@ def _replaced_and_acting(logdir, node: str, old_pid: int, env_steps: int) -> boo
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # CI kills an actor in the hung-actor run below
 def test_kill_9_of_an_actor_process_is_restarted_and_env_steps_keep_growing(tmp_path, ray_options):
     # One actor: every env step after the kill comes from its replacement.
     cfg = _experiment(tmp_path, total_env_steps=10**9, **{**_RAY_SETTINGS, "num_actors": 1})
@@ -293,27 +294,41 @@ class HangingActorBuilder(dqn.DQNBuilder):
 
 
 @pytest.mark.slow
-def test_a_hung_actor_is_detected_as_stalled_and_replaced(tmp_path, ray_options):
+def test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead(tmp_path, ray_options):
     marker = str(tmp_path / "hung")
     logdir = tmp_path / "run"
     builder = HangingActorBuilder(CONFIG, marker=marker)
     cfg = _experiment(logdir, total_env_steps=10**9, stall_timeout_s=4.0, **_RAY_SETTINGS)
 
-    def wait_for_replacement():
+    def hang_then_kill():
         assert fakes.wait_until(lambda: os.path.exists(marker), timeout_s=180)
         hung = _node_status(logdir)["actor/0"]
-        replaced = fakes.wait_until(
+        replaced_hung = fakes.wait_until(
             lambda: _replaced_and_acting(
                 logdir, "actor/0", hung["pid"], hung["counters"]["env_steps"] + 100
             ),
             timeout_s=180,
         )
-        return {"replaced": replaced}
+        # Then kill -9 of the other actor, in the same run.
+        killed = _node_status(logdir)["actor/1"]
+        killed_at = int(killed["counters"]["env_steps"])
+        os.kill(killed["pid"], signal.SIGKILL)
+        replaced_killed = fakes.wait_until(
+            lambda: _replaced_and_acting(logdir, "actor/1", killed["pid"], killed_at + 300),
+            timeout_s=180,
+        )
+        return {"replaced_hung": replaced_hung, "replaced_killed": replaced_killed}
 
-    summary, seen = _run_with(builder, cfg, ray_options, wait_for_replacement)
-    assert seen["replaced"], "the hung actor/0 was not replaced by one that acts"
-    (restart,) = summary["restarts"]
-    assert restart["node"] == "actor/0" and "stalled" in restart["reason"]
+    summary, seen = _run_with(builder, cfg, ray_options, hang_then_kill)
+    assert seen["replaced_hung"], "the hung actor/0 was not replaced by one that acts"
+    assert seen["replaced_killed"], "no replacement of the killed actor/1 acted within the timeout"
+    reasons = {restart["node"]: restart["reason"] for restart in summary["restarts"]}
+    assert len(summary["restarts"]) == 2, summary["restarts"]
+    assert "stalled" in reasons["actor/0"] and "died" in reasons["actor/1"]
+    rows = _csv_rows(logdir)
+    for column in ("env_steps", "learner_steps"):
+        values = [row[column] for row in rows]
+        assert values == sorted(values), f"{column} went backwards after the restarts"
 
 
 def _learner_steps(logdir) -> int:

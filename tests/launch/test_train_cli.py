@@ -1,5 +1,7 @@
 """`python -m launch.train` with bad input: one error line, non-zero exit, nothing left running."""
 
+import concurrent.futures
+import dataclasses
 import os
 import subprocess
 import sys
@@ -7,12 +9,15 @@ import sys
 import psutil
 import pytest
 
+from gorila_jax import experiment
+from launch import presets, train
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _train(*flags: str) -> subprocess.CompletedProcess:
+def _train(logdir: str, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "launch.train", *flags, "--logdir=/tmp/gorila-bad-input"],
+        [sys.executable, "-m", "launch.train", *flags, f"--logdir={logdir}"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -24,49 +29,96 @@ def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("error:")]
 
 
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--env=CartPol-v1"], "unknown env id 'CartPol-v1'; did you mean CartPole-v1"),
-        (["--env=Pong-v4"], "did you mean Pong-v5"),
-        (["--agent=dqnn"], "--agent"),
-        (["--num_actors=0"], "--num_actors"),
-        (["--total_env_steps=-5"], "--total_env_steps"),
-        (["--config.no_such_field=1"], "no_such_field"),
-        (["--config.batch_size=abc"], "batch_size"),
-        (["--config.batch_size=0"], "config.batch_size must be positive"),
-        (["--config.discount=1.5"], "config.discount must lie in [0, 1]"),
-        (["--config.adam_b1=1.0"], "config.adam_b1 must lie in [0, 1)"),
-        (["stray_argument"], "unexpected arguments"),
-        (["--preset=nosuch"], "unknown preset 'nosuch'"),
-        (["--preset=/tmp/gorila-no-such-preset.yaml"], "does not exist"),
-        (["--precision=fp8"], "--precision"),
-        (["--config.precision=fp8"], "config.precision must be one of"),
-        (["--config.torso=nature"], "nature torso needs image stacks"),
-        (["--learner_mode=hogwild"], "--learner_mode"),
-        (["--compression=twobit"], "--compression"),
-        (["--num_ps_shards=0"], "--num_ps_shards"),
-        (["--num_learner_hosts=0"], "--num_learner_hosts"),
-        (["--num_learner_hosts=2", "--launcher=local"], "num_learner_hosts=2 needs launcher=ray"),
-        (
-            ["--num_learner_hosts=2", "--learner_mode=gorila"],
-            "num_learner_hosts=2 needs learner_mode=sync",
-        ),
-        (["--num_learner_hosts=2"], "set checkpoint_interval_steps=0"),
-        (["--agent=ppo", "--learner_mode=gorila"], "learner_mode=gorila needs an agent"),
-        (
-            ["--agent=sac", "--env=Pendulum-v1", "--learner_mode=gorila"],
-            "learner_mode=gorila needs an agent",
-        ),
-    ],
-)
-def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message):
+# One case per path a bad input takes through the CLI (absl's flag parsing,
+# the --config.<field> check, the config flag's parsing, stray arguments, the
+# ValueError of a config, env, preset or mode check); the other bad values of
+# each path are checked in-process below, without a 10 s process start each.
+BAD_INPUTS = [
+    (["--env=CartPol-v1"], "unknown env id 'CartPol-v1'; did you mean CartPole-v1"),
+    (["--agent=dqnn"], "--agent"),
+    (["--num_actors=0"], "--num_actors"),
+    (["--config.no_such_field=1"], "no_such_field"),
+    (["--config.batch_size=abc"], "batch_size"),
+    (["--config.discount=1.5"], "config.discount must lie in [0, 1]"),
+    (["stray_argument"], "unexpected arguments"),
+    (["--preset=nosuch"], "unknown preset 'nosuch'"),
+    (["--num_learner_hosts=2", "--launcher=local"], "num_learner_hosts=2 needs launcher=ray"),
+    (["--agent=ppo", "--learner_mode=gorila"], "learner_mode=gorila needs an agent"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_results(tmp_path_factory):
+    """Every case's CLI run, started a few at a time: each process spends about
+    10 s importing TensorFlow, JAX and envpool before it reads its flags, and
+    run one after another the cases took 5 minutes of the suite."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    result = _train(*flags)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
+        runs = {
+            tuple(flags): pool.submit(_train, str(tmp_path_factory.mktemp("bad_input")), *flags)
+            for flags, _ in BAD_INPUTS
+        }
+        results = {flags: run.result() for flags, run in runs.items()}
+    left_running = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    return results, left_running
+
+
+@pytest.mark.parametrize("flags, message", BAD_INPUTS)
+def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message, bad_input_results):
+    results, left_running = bad_input_results
+    result = results[tuple(flags)]
     assert result.returncode != 0
     errors = _error_lines(result)
     assert len(errors) == 1, result.stderr[-2000:]
     assert message in errors[0]
     assert "Traceback" not in result.stderr
-    after = {p.pid for p in psutil.Process().children(recursive=True)}
-    assert not (after - before), "a bad input left processes running"
+    assert not left_running, "a bad input left processes running"
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("total_env_steps", "-5", "not a positive integer"),
+        ("precision", "fp8", "should be one of"),
+        ("learner_mode", "hogwild", "should be one of"),
+        ("compression", "twobit", "should be one of"),
+        ("num_ps_shards", "0", "not a positive integer"),
+        ("num_learner_hosts", "0", "not a positive integer"),
+    ],
+)
+def test_a_flag_refuses_a_bad_value(flag, value, message):
+    with pytest.raises(ValueError, match=message):
+        train.flags.FLAGS[flag].parser.parse(value)
+
+
+def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **settings):
+    """What `python -m launch.train` checks before it starts, from a preset and overrides."""
+    mode = settings.get("learner_mode", "sync")
+    base, preset_settings = presets.load(preset, agent, env, set(train._EXPERIMENT_FLAGS), mode)
+    agent_config = dataclasses.replace(base, **(config or {}))
+    exp = experiment.ExperimentConfig(**{**preset_settings, "env_id": env, **settings})
+    train.check_configs(train.AGENTS[agent](agent_config), exp)
+
+
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ({"env": "Pong-v4"}, "did you mean Pong-v5"),
+        ({"config": {"batch_size": 0}}, "config.batch_size must be positive"),
+        ({"config": {"adam_b1": 1.0}}, r"config.adam_b1 must lie in \[0, 1\)"),
+        ({"config": {"precision": "fp8"}}, "config.precision must be one of"),
+        ({"config": {"torso": "nature"}}, "nature torso needs image stacks"),
+        ({"preset": "/tmp/gorila-no-such-preset.yaml"}, "does not exist"),
+        (
+            {"num_learner_hosts": 2, "launcher": "ray", "learner_mode": "gorila"},
+            "num_learner_hosts=2 needs learner_mode=sync",
+        ),
+        (
+            {"agent": "sac", "env": "Pendulum-v1", "learner_mode": "gorila"},
+            "learner_mode=gorila needs an agent",
+        ),
+    ],
+)
+def test_a_bad_setting_is_refused_before_anything_starts(inputs, message):
+    with pytest.raises(ValueError, match=message):
+        _check(**inputs)
