@@ -217,8 +217,8 @@ def _write_node_status(
 
 
 def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
-    """Stops actors and evaluator, then the learner (or the Gorila workers), whose `run`
-    ends with the final checkpoint.
+    """Stops actors and evaluator, then the learner (or the Gorila workers, worker 0
+    last), whose `run` ends with the final checkpoint.
 
     Stopped actors insert nothing more and have reported their last counters,
     so the final replay checkpoint and the counters saved with it agree.
@@ -231,13 +231,18 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
     for node in actors:
         _wait_finished(running, node)
     if cfg.learner_mode == "gorila":
-        learners = [running.client(f"gradient_worker/{i}") for i in range(cfg.num_learners)]
+        # Worker 0 takes the final checkpoint, so the others stop first: a
+        # gradient they pushed after its snapshot would be lost on resume.
+        workers = [running.client(f"gradient_worker/{i}") for i in range(cfg.num_learners)]
+        stages = [workers[1:], workers[:1]]
     else:
-        learners = [running.client(spec.name) for spec in running.program.groups["learner"]]
-    for node in learners:
-        node.stop()
-    for node in learners:
-        _wait_finished(running, node)
+        # A multi-host learner's processes stop together (their stop votes agree).
+        stages = [[running.client(spec.name) for spec in running.program.groups["learner"]]]
+    for learners in stages:
+        for node in learners:
+            node.stop()
+        for node in learners:
+            _wait_finished(running, node)
 
 
 def _final_params(

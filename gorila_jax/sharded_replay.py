@@ -175,7 +175,8 @@ class _Puller(threading.Thread):
     ):
         super().__init__(name=f"replay-shard-{address}", daemon=True)
         self.address, self._table, self._chunk_rows = address, table, chunk_rows
-        self._settings, self._stop, self._with_exponent = settings, stop, with_exponent
+        # Not `_stop`: threading.Thread has a method of that name, which `join` calls.
+        self._settings, self._stop_event, self._with_exponent = settings, stop, with_exponent
         self.chunks: queue.Queue = queue.Queue(1)
         self._abandoned = threading.Event()
         self.exponent: float | None = None  # set before the first chunk is queued
@@ -199,7 +200,7 @@ class _Puller(threading.Thread):
             self._put(error)
 
     def _put(self, item: Any) -> bool:
-        while not (self._abandoned.is_set() or self._stop.is_set()):
+        while not (self._abandoned.is_set() or self._stop_event.is_set()):
             try:
                 self.chunks.put(item, timeout=0.5)
                 return True
@@ -294,9 +295,16 @@ class _ShardStream:
         self._puller = None
 
     def close(self) -> None:
-        """Lets its dataset's thread end (rows pulled but not taken are dropped)."""
+        """Ends its dataset's thread (rows pulled but not taken are dropped).
+
+        Waits for the thread while its server still serves, which takes at
+        most the rate limiter's timeout: a thread left waiting on a server
+        that then stops never ends, and Reverb's reconnect attempts in it
+        keep costing CPU for the rest of the process.
+        """
         if self._puller is not None:
             self._puller.abandon()
+            self._puller.join(timeout=self._wait_s + 2.0)
             self._puller = None
 
     def _update_mass(self, info: Any, exponent: float | None) -> None:
@@ -433,10 +441,19 @@ class ShardedSampler:
             yield self._assemble(counts)
 
     def close(self) -> None:
-        """Ends the shards' dataset threads (a later `batches` builds new ones)."""
+        """Ends the shards' dataset threads (a later `batches` builds new ones).
+
+        Close it before the shards' servers stop (`with ShardedSampler(...)`).
+        """
         for stream in self._streams:
             stream.close()
         self._streams, self._batch_size = [], 0
+
+    def __enter__(self) -> "ShardedSampler":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
 
     def _masses(self) -> np.ndarray:
         known = [stream.mass for stream in self._streams if stream.mass is not None]

@@ -238,6 +238,19 @@ def _replaced_and_acting(logdir, node: str, old_pid: int, env_steps: int) -> boo
     return status.get("pid") not in (None, old_pid) and _env_steps(logdir, node) > env_steps
 
 
+def _kill_9_and_wait_for_a_replacement(logdir, actor: str) -> tuple[int, bool]:
+    """SIGKILLs `actor`'s process; (its env steps then, whether a replacement
+    went 300 env steps further within the timeout)."""
+    status = _node_status(logdir)[actor]
+    killed_at = int(status["counters"]["env_steps"])
+    os.kill(status["pid"], signal.SIGKILL)
+    replaced = fakes.wait_until(
+        lambda: _replaced_and_acting(logdir, actor, status["pid"], killed_at + 300),
+        timeout_s=180,
+    )
+    return killed_at, replaced
+
+
 @pytest.mark.slow
 @pytest.mark.extended  # CI kills an actor in the hung-actor run below
 def test_kill_9_of_an_actor_process_is_restarted_and_env_steps_keep_growing(tmp_path, ray_options):
@@ -246,13 +259,7 @@ def test_kill_9_of_an_actor_process_is_restarted_and_env_steps_keep_growing(tmp_
 
     def kill_actor():
         assert fakes.wait_until(lambda: _env_steps(tmp_path, "actor/0") > 300, timeout_s=180)
-        status = _node_status(tmp_path)["actor/0"]
-        killed_at = int(status["counters"]["env_steps"])
-        os.kill(status["pid"], signal.SIGKILL)
-        replaced = fakes.wait_until(
-            lambda: _replaced_and_acting(tmp_path, "actor/0", status["pid"], killed_at + 300),
-            timeout_s=180,
-        )
+        killed_at, replaced = _kill_9_and_wait_for_a_replacement(tmp_path, "actor/0")
         return {"killed_at": killed_at, "replaced": replaced}
 
     summary, seen = _run_with(dqn.DQNBuilder(CONFIG), cfg, ray_options, kill_actor)
@@ -310,13 +317,7 @@ def test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead(tmp_path, 
             timeout_s=180,
         )
         # Then kill -9 of the other actor, in the same run.
-        killed = _node_status(logdir)["actor/1"]
-        killed_at = int(killed["counters"]["env_steps"])
-        os.kill(killed["pid"], signal.SIGKILL)
-        replaced_killed = fakes.wait_until(
-            lambda: _replaced_and_acting(logdir, "actor/1", killed["pid"], killed_at + 300),
-            timeout_s=180,
-        )
+        _, replaced_killed = _kill_9_and_wait_for_a_replacement(logdir, "actor/1")
         return {"replaced_hung": replaced_hung, "replaced_killed": replaced_killed}
 
     summary, seen = _run_with(builder, cfg, ray_options, hang_then_kill)

@@ -8,7 +8,6 @@ learner group back (a fresh jax.distributed job) from the chief's newest checkpo
 The run's replay has two shards, so it is also the sharded replay's run under Ray.
 """
 
-import json
 import os
 import signal
 
@@ -18,7 +17,14 @@ from agents import dqn
 from gorila_jax import checkpoint, envs, experiment, learner, monitor, multihost
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
-from tests.gorila_jax.test_fault_nodes import _Clock, _FakeMonitor, _FakeRunning, _run_with
+from tests.gorila_jax.test_fault_nodes import (
+    _Clock,
+    _FakeMonitor,
+    _FakeRunning,
+    _learner_steps,
+    _node_status,
+    _run_with,
+)
 from tests.gorila_jax.test_sharded_replay import saved_shard_use
 
 DEVICES_PER_PROCESS = 2
@@ -89,20 +95,6 @@ def test_one_dead_learner_process_restarts_the_group_once_from_the_newest_checkp
     assert len(running.restarted) == len(GROUP)
 
 
-def _chief_steps(logdir) -> int:
-    return int(
-        _node_status(logdir).get("learner/0", {}).get("counters", {}).get("learner_steps", 0)
-    )
-
-
-def _node_status(logdir) -> dict:
-    try:
-        with open(os.path.join(logdir, experiment.NODE_STATUS_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_learner_processes_step_together_and_a_killed_one_restarts_the_group(
@@ -130,7 +122,7 @@ def test_two_learner_processes_step_together_and_a_killed_one_restarts_the_group
 
     def kill_learner_process_1():
         assert fakes.wait_until(
-            lambda: _chief_steps(tmp_path) > 60 and checkpoint.saved_steps(tmp_path),
+            lambda: _learner_steps(tmp_path) > 60 and checkpoint.saved_steps(tmp_path),
             timeout_s=400,
         )
         before = _node_status(tmp_path)
@@ -142,7 +134,7 @@ def test_two_learner_processes_step_together_and_a_killed_one_restarts_the_group
         def group_replaced_and_stepping() -> bool:
             now = _node_status(tmp_path)
             pids = {now.get(name, {}).get("pid") for name in ("learner/0", "learner/1")}
-            return not pids & (old_pids | {None}) and _chief_steps(tmp_path) > killed_at + 20
+            return not pids & (old_pids | {None}) and _learner_steps(tmp_path) > killed_at + 20
 
         replaced = fakes.wait_until(group_replaced_and_stepping, timeout_s=400)
         return {"killed_at": killed_at, "newest": newest, "replaced": replaced, "before": before}

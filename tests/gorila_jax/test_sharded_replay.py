@@ -92,15 +92,15 @@ def test_sampling_covers_the_shards_in_proportion_to_their_priority_mass(two_sha
     # Mass = sum of priority**alpha: 100 * 1 on shard 0, 100 * 3 on shard 1.
     _fill(two_shards[0], 0, np.ones(100))
     _fill(two_shards[1], 1, np.full(100, 3.0 ** (1 / EXPONENT)))
-    sampler = sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=0)
-    batches = _rows(sampler, 64, 100)
-    shards = np.concatenate([batch.shards for batch in batches])
-    # Each row's shard is the one its item was written to.
-    for batch in batches:
-        np.testing.assert_array_equal(batch.data[:, 0], batch.shards)
-    # 6400 rows: the share's standard deviation is sqrt(3/16 / 6400) = 0.0054.
-    assert abs(np.mean(shards == 1) - 0.75) < 0.03, np.mean(shards == 1)
-    assert len(np.unique(np.concatenate([b.keys for b in batches]))) == 200  # every item seen
+    with sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=0) as sampler:
+        batches = _rows(sampler, 64, 100)
+        shards = np.concatenate([batch.shards for batch in batches])
+        # Each row's shard is the one its item was written to.
+        for batch in batches:
+            np.testing.assert_array_equal(batch.data[:, 0], batch.shards)
+        # 6400 rows: the share's standard deviation is sqrt(3/16 / 6400) = 0.0054.
+        assert abs(np.mean(shards == 1) - 0.75) < 0.03, np.mean(shards == 1)
+        assert len(np.unique(np.concatenate([b.keys for b in batches]))) == 200  # every item seen
 
 
 def test_rows_carry_global_probabilities_and_the_total_table_size(two_shards):
@@ -109,27 +109,29 @@ def test_rows_carry_global_probabilities_and_the_total_table_size(two_shards):
     _fill(two_shards[0], 0, priorities[:30])
     _fill(two_shards[1], 1, priorities[30:])
     total_mass = np.sum(priorities**EXPONENT)
-    sampler = sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=1)
-    for batch in _rows(sampler, 32, 20):
-        row_priority = batch.data[:, 2]
-        np.testing.assert_allclose(batch.probabilities, row_priority**EXPONENT / total_mass, 1e-9)
-        np.testing.assert_array_equal(batch.table_size, 100)
-    # What an agent computes from them (agents/dqn/learning.py): N * P, as for one replay.
-    weights = batch.table_size * batch.probabilities
-    np.testing.assert_allclose(weights, 100 * row_priority**EXPONENT / total_mass, 1e-9)
+    with sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=1) as sampler:
+        for batch in _rows(sampler, 32, 20):
+            row_priority = batch.data[:, 2]
+            np.testing.assert_allclose(
+                batch.probabilities, row_priority**EXPONENT / total_mass, 1e-9
+            )
+            np.testing.assert_array_equal(batch.table_size, 100)
+        # What an agent computes from them (agents/dqn/learning.py): N * P, as for one replay.
+        weights = batch.table_size * batch.probabilities
+        np.testing.assert_allclose(weights, 100 * row_priority**EXPONENT / total_mass, 1e-9)
 
 
 def test_one_shard_gives_reverb_batches_unchanged(two_shards):
     _fill(two_shards[0], 0, np.arange(1.0, 51.0))
-    sampler = sharded_replay.ShardedSampler(two_shards[:1], TABLE, CODEC)
-    batch = _rows(sampler, 16, 1)[0]
-    assert batch.shards is None  # plain keys for priority updates, as before sharding
-    assert isinstance(replay.row_keys(batch), np.ndarray)
-    # Reverb's own within-table probability and size.
-    row_priority = batch.data[:, 2]
-    total = np.sum(np.arange(1.0, 51.0) ** EXPONENT)
-    np.testing.assert_allclose(batch.probabilities, row_priority**EXPONENT / total, 1e-9)
-    np.testing.assert_array_equal(batch.table_size, 50)
+    with sharded_replay.ShardedSampler(two_shards[:1], TABLE, CODEC) as sampler:
+        batch = _rows(sampler, 16, 1)[0]
+        assert batch.shards is None  # plain keys for priority updates, as before sharding
+        assert isinstance(replay.row_keys(batch), np.ndarray)
+        # Reverb's own within-table probability and size.
+        row_priority = batch.data[:, 2]
+        total = np.sum(np.arange(1.0, 51.0) ** EXPONENT)
+        np.testing.assert_allclose(batch.probabilities, row_priority**EXPONENT / total, 1e-9)
+        np.testing.assert_array_equal(batch.table_size, 50)
 
 
 def test_uniform_and_queue_tables_sample_across_shards_too():
@@ -148,20 +150,20 @@ def test_uniform_and_queue_tables_sample_across_shards_too():
         for shard, count in ((0, 30), (1, 90)):
             _fill(uniform[shard], shard, np.ones(count))
             _fill(queues[shard], shard, np.ones(40))
-        sampler = sharded_replay.ShardedSampler(uniform, TABLE, CODEC, seed=3)
-        batches = _rows(sampler, 40, 50)
-        for batch in batches:
-            np.testing.assert_allclose(batch.probabilities, 1 / 120, 1e-12)
-            np.testing.assert_array_equal(batch.table_size, 120)
-        shards = np.concatenate([batch.shards for batch in batches])
-        assert abs(np.mean(shards == 1) - 0.75) < 0.04, np.mean(shards == 1)
+        with sharded_replay.ShardedSampler(uniform, TABLE, CODEC, seed=3) as sampler:
+            batches = _rows(sampler, 40, 50)
+            for batch in batches:
+                np.testing.assert_allclose(batch.probabilities, 1 / 120, 1e-12)
+                np.testing.assert_array_equal(batch.table_size, 120)
+            shards = np.concatenate([batch.shards for batch in batches])
+            assert abs(np.mean(shards == 1) - 0.75) < 0.04, np.mean(shards == 1)
 
-        sampler = sharded_replay.ShardedSampler(queues, TABLE, CODEC, seed=4)
-        rows = sampler.batches(10)
-        items = np.concatenate([next(rows).data for _ in range(6)])  # 60 of the 80
-        pairs = {(int(shard), int(index)) for shard, index, _ in items}
-        assert len(pairs) == 60, "an item of a queue came out twice"
-        assert {shard for shard, _ in pairs} == {0, 1}
+        with sharded_replay.ShardedSampler(queues, TABLE, CODEC, seed=4) as sampler:
+            rows = sampler.batches(10)
+            items = np.concatenate([next(rows).data for _ in range(6)])  # 60 of the 80
+            pairs = {(int(shard), int(index)) for shard, index, _ in items}
+            assert len(pairs) == 60, "an item of a queue came out twice"
+            assert {shard for shard, _ in pairs} == {0, 1}
     finally:
         for node in uniform + queues:
             node.close()
@@ -192,22 +194,22 @@ def _priorities_on(node: replay.ReplayNode, count: int) -> dict[int, float]:
 def test_priority_updates_reach_the_shard_that_owns_the_item_and_no_other(two_shards):
     _fill(two_shards[0], 0, np.ones(20))
     _fill(two_shards[1], 1, np.ones(20))
-    sampler = sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=2)
-    batch = _rows(sampler, 24, 1)[0]
-    assert set(batch.shards.tolist()) == {0, 1}
-    clients = [_RecordingClient(node.address()) for node in two_shards]
-    updater = replay.PriorityUpdater(clients, TABLE)
-    # A new priority per row that says which shard and item it is for.
-    new = 10.0 + 100.0 * batch.data[:, 0] + batch.data[:, 1]
-    updater.submit(replay.row_keys(batch), new)
-    updater.close()  # sends what is queued
-    assert updater.updates_sent == 2  # one call per shard
-    for shard, node in enumerate(two_shards):
-        owned = batch.shards == shard
-        assert clients[shard].mutated == set(batch.keys[owned].tolist())
-        updated = dict(zip(batch.keys[owned].tolist(), new[owned].tolist()))
-        for key, priority in _priorities_on(node, 20).items():
-            assert priority == updated.get(key, 1.0)
+    with sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=2) as sampler:
+        batch = _rows(sampler, 24, 1)[0]
+        assert set(batch.shards.tolist()) == {0, 1}
+        clients = [_RecordingClient(node.address()) for node in two_shards]
+        updater = replay.PriorityUpdater(clients, TABLE)
+        # A new priority per row that says which shard and item it is for.
+        new = 10.0 + 100.0 * batch.data[:, 0] + batch.data[:, 1]
+        updater.submit(replay.row_keys(batch), new)
+        updater.close()  # sends what is queued
+        assert updater.updates_sent == 2  # one call per shard
+        for shard, node in enumerate(two_shards):
+            owned = batch.shards == shard
+            assert clients[shard].mutated == set(batch.keys[owned].tolist())
+            updated = dict(zip(batch.keys[owned].tolist(), new[owned].tolist()))
+            for key, priority in _priorities_on(node, 20).items():
+                assert priority == updated.get(key, 1.0)
 
 
 def test_a_shard_restarted_at_another_address_is_sampled_again():
@@ -226,28 +228,28 @@ def test_a_shard_restarted_at_another_address_is_sampled_again():
     try:
         for index, shard in enumerate(shards):
             _fill(shard.node, index, np.ones(50))
-        sampler = sharded_replay.ShardedSampler(
+        with sharded_replay.ShardedSampler(
             shards, TABLE, CODEC, probe_after_s=1.0, rate_limiter_timeout_ms=200
-        )
-        batches = sampler.batches(16)
-        next(batches)
-        old_address = shards[1].node.address()
-        shards[1].node.close()
-        shards[1].node = replay.ReplayNode(_tables)  # a new port: another address
-        assert shards[1].node.address() != old_address
-        _fill(shards[1].node, 7, np.ones(50))  # its items say "7"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                batch = next(batches)
-            except (StopIteration, *replay.CONNECTION_ERRORS):
-                batches = sampler.batches(16)  # what DevicePrefetcher does
-                continue
-            if 7 in batch.data[batch.shards == 1, 0]:
-                break
-        else:
-            pytest.fail("no rows from the restarted shard within 60 s")
-        assert shards[1].asked >= 2
+        ) as sampler:
+            batches = sampler.batches(16)
+            next(batches)
+            old_address = shards[1].node.address()
+            shards[1].node.close()
+            shards[1].node = replay.ReplayNode(_tables)  # a new port: another address
+            assert shards[1].node.address() != old_address
+            _fill(shards[1].node, 7, np.ones(50))  # its items say "7"
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    batch = next(batches)
+                except (StopIteration, *replay.CONNECTION_ERRORS):
+                    batches = sampler.batches(16)  # what DevicePrefetcher does
+                    continue
+                if 7 in batch.data[batch.shards == 1, 0]:
+                    break
+            else:
+                pytest.fail("no rows from the restarted shard within 60 s")
+            assert shards[1].asked >= 2
     finally:
         for shard in shards:
             shard.node.close()
