@@ -375,8 +375,8 @@ class Supervisor:
             )
 
     def _restart(self, name: str, fault: str, counters: dict[str, float]) -> str:
+        """Replaces node `name`; `check` has asked `_refuse_restart` for it (and its group)."""
         spec = self._specs[name]
-        self._refuse_restart(name, fault)
         try:
             self._running.restart(name, spec.restart_kwargs(counters))
         except NotImplementedError as error:

@@ -379,7 +379,7 @@ def set_sample_weights(running: Any, weights: dict[int, float]) -> None:
 
 def _written_shard(actor_name: str, num_shards: int) -> int:
     """The replay shard actor `actor_name` ("actor/<index>") writes to."""
-    return sharded_replay.assigned_shard(int(actor_name.rsplit("/", 1)[1]), num_shards)
+    return sharded_replay.assigned_shard(balance.actor_index(actor_name), num_shards)
 
 
 def actor_sources(running: Any) -> tuple:

@@ -103,19 +103,24 @@ def test_bad_balance_settings_are_rejected(factor, interval_s, message):
         balance.BalanceTracker(factor, interval_s)
 
 
-@pytest.mark.parametrize("replace", [False, True])
-def test_a_dominant_actor_is_reported_and_optionally_replaced(tmp_path, caplog, replace):
-    clock, actors = _Clock(), _Actors(2)
+def _balancing_scaler(tmp_path, clock, actors, **remedy) -> elastic.ActorScaler:
+    """A driver's scaler over `actors` that judges balance in 10 s windows of >= 100 env steps."""
     tracker = balance.BalanceTracker(1.5, interval_s=10.0, min_env_steps=100, clock=clock)
-    scaler = elastic.ActorScaler(
+    return elastic.ActorScaler(
         str(tmp_path),
         actors.add,
         actors.remove,
         lambda: list(actors.names),
         balance=tracker,
-        replace_dominant=replace,
         clock=clock,
+        **remedy,
     )
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_dominant_actor_is_reported_and_optionally_replaced(tmp_path, caplog, replace):
+    clock, actors = _Clock(), _Actors(2)
+    scaler = _balancing_scaler(tmp_path, clock, actors, replace_dominant=replace)
     snapshot = {"env_steps": 0, "learner_steps": 0, "metrics": {}}
     clock.now = 10.0
     assert scaler.poll(snapshot, lambda: _counters(actor_0=0, actor_1=0)) == []
@@ -217,16 +222,8 @@ def test_an_actor_is_downweighted_once_persistently_dominant_and_while_it_domina
 
 def test_the_downweight_remedy_sends_weights_to_the_learners_and_lifts_them(tmp_path, caplog):
     clock, actors, sent = _Clock(), _Actors(2), []
-    tracker = balance.BalanceTracker(1.5, interval_s=10.0, min_env_steps=100, clock=clock)
-    scaler = elastic.ActorScaler(
-        str(tmp_path),
-        actors.add,
-        actors.remove,
-        lambda: list(actors.names),
-        balance=tracker,
-        clock=clock,
-        sample_weights=sent.append,
-        balance_weight=0.25,
+    scaler = _balancing_scaler(
+        tmp_path, clock, actors, sample_weights=sent.append, balance_weight=0.25
     )
     snapshot = {"env_steps": 0, "learner_steps": 0, "metrics": {}}
 

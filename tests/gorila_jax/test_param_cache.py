@@ -15,7 +15,7 @@ import pytest
 from agents import dqn
 from gorila_jax import checkpoint, envs, experiment, monitor, param_cache, placement, program
 from tests import fakes
-from tests.gorila_jax.test_placement import _Where
+from tests.gorila_jax.test_placement import placed_nodes
 from tests.gorila_jax.test_sharded_replay import saved_shard_use
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -373,27 +373,11 @@ def two_node_cluster():
 def test_each_hosts_cache_and_actors_land_on_one_ray_node(two_node_cluster):
     """Each host (a cache at 0.5 CPU and two actors at 0.75) fills one 2-CPU node exactly,
     so the two hosts take one node each, and no actor sits away from its cache."""
-    import ray
-
     cfg = _cache_experiment(
         launcher="ray", cpus_per_actor=0.75, param_cache_cpus=0.5, learner_cpus=0, replay_cpus=0
     )
     graph = experiment.make_program(dqn.DQNBuilder(CONFIG), cfg, SPEC)
-    reserved = placement.reserve(graph, timeout_s=60)
-    where = ray.remote(_Where)
-    actors = {}
-    try:
-        for spec in graph.nodes:
-            resources = graph.resources(spec.group)
-            if placement.bundle(resources):  # the nodes that ask for nothing go anywhere
-                actors[spec.name] = where.options(**reserved.options(spec.name, resources)).remote()
-        nodes = dict(
-            zip(actors, ray.get([a.node_id.remote() for a in actors.values()], timeout=120))
-        )
-    finally:
-        for actor in actors.values():
-            ray.kill(actor)
-        reserved.release()
+    nodes = placed_nodes(graph, reserved_only=True)  # the nodes that ask for nothing go anywhere
     for host in range(2):
         host_nodes = {nodes[f"actor/{2 * host}"], nodes[f"actor/{2 * host + 1}"]}
         assert host_nodes == {nodes[f"param_cache/{host}"]}, nodes

@@ -146,35 +146,36 @@ class _Where:
         return ray.get_runtime_context().get_node_id()
 
 
-def _start(graph: program.Program, reserved: placement.Placement) -> dict[str, str]:
-    """One real Ray actor per node of `graph`, placed as `reserved` says; node name -> Ray node."""
+def placed_nodes(graph: program.Program, reserved_only: bool = False) -> dict[str, str]:
+    """Reserves `graph`'s placement groups and starts one real Ray actor per node, placed
+    as the reservation says; node name -> Ray node. Everything is released before it returns.
+
+    Args:
+      reserved_only: start only the nodes that ask for resources (the others go anywhere).
+    """
     import ray
 
+    reserved = placement.reserve(graph, timeout_s=60)
     where = ray.remote(_Where)
-    actors = {
-        spec.name: where.options(
-            **reserved.options(spec.name, graph.resources(spec.group))
-        ).remote()
-        for spec in graph.nodes
-    }
+    actors = {}
     try:
+        for spec in graph.nodes:
+            resources = graph.resources(spec.group)
+            if not reserved_only or placement.bundle(resources):
+                actors[spec.name] = where.options(**reserved.options(spec.name, resources)).remote()
         return dict(
             zip(actors, ray.get([a.node_id.remote() for a in actors.values()], timeout=120))
         )
     finally:
         for actor in actors.values():
             ray.kill(actor)
+        reserved.release()
 
 
 def test_learners_land_on_different_nodes_and_actors_with_their_replay(cluster):
     import ray
 
-    graph = _gorila_like_graph()
-    reserved = placement.reserve(graph, timeout_s=60)
-    try:
-        nodes = _start(graph, reserved)
-    finally:
-        reserved.release()
+    nodes = placed_nodes(_gorila_like_graph())
     assert nodes["learner/0"] != nodes["learner/1"]
     assert {nodes[f"actor/{i}"] for i in range(3)} == {nodes["replay/0"]}
     tpu_nodes = {n["NodeID"] for n in ray.nodes() if n["Resources"].get("TPU")}
@@ -184,12 +185,7 @@ def test_learners_land_on_different_nodes_and_actors_with_their_replay(cluster):
 @pytest.mark.timeout(180)
 def test_each_replay_shards_actors_share_its_node(cluster):
     _wait_until_idle()
-    graph = _sharded_replay_program()
-    reserved = placement.reserve(graph, timeout_s=60)
-    try:
-        nodes = _start(graph, reserved)
-    finally:
-        reserved.release()
+    nodes = placed_nodes(_sharded_replay_program())
     for index in range(4):
         assert nodes[f"actor/{index}"] == nodes[f"replay/{index % 2}"], index
     assert nodes["replay/0"] != nodes["replay/1"]  # each shard's group filled a node
