@@ -22,7 +22,7 @@ from ml_collections import config_flags
 from agents import dqn
 from agents import ppo
 from agents import sac
-from gorila_jax import checkpoint, compression, envs, experiment, gorila, launchers
+from gorila_jax import balance, checkpoint, compression, envs, experiment, gorila, launchers
 from launch import presets
 
 AGENTS = {"dqn": dqn.DQNBuilder, "ppo": ppo.PPOBuilder, "sac": sac.SACBuilder}
@@ -241,7 +241,7 @@ _BALANCE_FACTOR = flags.DEFINE_float(
 _BALANCE_REMEDY = flags.DEFINE_enum(
     "balance_remedy",
     "report",
-    ["report", "replace", "downweight"],
+    list(balance.REMEDIES),
     "What happens to an actor dominant two windows in a row: report only, replace it by a "
     "fresh one with a new seed, or downweight (learners multiply its items' priorities by "
     "--balance_weight; prioritized replay only).",
