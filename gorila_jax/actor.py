@@ -64,6 +64,13 @@ class ParameterPuller:
         self._calls += 1
         return self._params
 
+    def close(self) -> None:
+        """Waits for the request in flight, so that no thread of the actor outlives its `run`."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            concurrent.futures.wait([pending], timeout=60.0)
+        parameter_server.close_source(self._learner)
+
 
 class ActorNode(program.Worker):
     """Acts in `num_envs` envpool envs and writes what it sees to replay.
@@ -141,64 +148,76 @@ class ActorNode(program.Worker):
         heartbeat = monitor_lib.Heartbeat(
             self._monitor, self.name, self.counters, self._report_interval_s
         ).start()
-        env = envs.make_env(
-            self._spec.env_id, self._num_envs, seed=self._env_seed, num_threads=self._env_threads
-        )
-        # A ReplayClient: the writer finds a replay node restarted at another address.
-        client = replay.ReplayClient(self._replay_node, self._replay_address)
-        adder = self._builder.make_adder(client, self._spec, self._num_envs, self._stop_event)
-        puller = ParameterPuller(self._learner, self._pull_interval)
+        env = adder = puller = None
+        try:
+            env = envs.make_env(
+                self._spec.env_id,
+                self._num_envs,
+                seed=self._env_seed,
+                num_threads=self._env_threads,
+            )
+            # A ReplayClient: the writer finds a replay node restarted at another address.
+            client = replay.ReplayClient(self._replay_node, self._replay_address)
+            adder = self._builder.make_adder(client, self._spec, self._num_envs, self._stop_event)
+            puller = ParameterPuller(self._learner, self._pull_interval)
+            self._act(env, adder, puller)
+        except writers.Stopped:
+            pass  # the rate limiter held our inserts while we were asked to stop
+        finally:
+            # Everything this node started ends here, before `wait_finished`
+            # says done and the driver goes on to stop the replay: the
+            # writer's items are confirmed while the server still serves.
+            try:
+                heartbeat.stop()
+                for part in (adder, env, puller):
+                    if part is not None:
+                        part.close()
+                self._final_report()
+            finally:
+                self._finished.set()
+
+    def _act(self, env: Any, adder: Any, puller: "ParameterPuller") -> None:
+        """Steps the envs, writing every step to replay, until stopped or out of budget."""
         obs, _ = env.reset()
         valid = np.ones(self._num_envs, bool)
         unwritten: types.EnvStep | None = None
         last_report = time.monotonic()
-        try:
-            while not self.stopping and not self._budget_spent():
-                params, version = puller.next_params(), puller.version
-                action, extras = builder_lib.split_policy_output(
-                    self._policy(params, obs, self._key, self.env_steps)
-                )
-                action = np.asarray(action)
-                # envpool steps the envs in its own thread while this one writes the
-                # previous step to replay: the two costs overlap instead of adding up.
-                env.send(action)
-                if unwritten is not None:
-                    adder.add(unwritten)
-                extras = jax.tree.map(np.asarray, extras)  # None for policies without extras
-                next_obs, reward, terminated, truncated, info = env.recv()
-                unwritten = types.EnvStep(
-                    obs,
-                    action,
-                    reward,
-                    terminated,
-                    truncated,
-                    next_obs,
-                    valid,
-                    extras,
-                    version,
-                    self._actor_index,
-                )
-                ended = valid & (terminated | truncated)
-                raw_reward, game_over = envs.game_signals(reward, terminated, truncated, info)
-                self.episodes.update(raw_reward, valid & game_over, valid)
-                self.env_steps += int(valid.sum())
-                self.param_version = puller.version
-                valid, obs = ~ended, next_obs
-                if time.monotonic() - last_report >= self._report_interval_s:
-                    self._report()
-                    last_report = time.monotonic()
-            if unwritten is not None and not self.stopping:
+        while not self.stopping and not self._budget_spent():
+            params, version = puller.next_params(), puller.version
+            action, extras = builder_lib.split_policy_output(
+                self._policy(params, obs, self._key, self.env_steps)
+            )
+            action = np.asarray(action)
+            # envpool steps the envs in its own thread while this one writes the
+            # previous step to replay: the two costs overlap instead of adding up.
+            env.send(action)
+            if unwritten is not None:
                 adder.add(unwritten)
-        except writers.Stopped:
-            pass  # the rate limiter held our inserts while we were asked to stop
-        finally:
-            try:
-                heartbeat.stop()
-                adder.close()
-                env.close()
-                self._final_report()
-            finally:
-                self._finished.set()
+            extras = jax.tree.map(np.asarray, extras)  # None for policies without extras
+            next_obs, reward, terminated, truncated, info = env.recv()
+            unwritten = types.EnvStep(
+                obs,
+                action,
+                reward,
+                terminated,
+                truncated,
+                next_obs,
+                valid,
+                extras,
+                version,
+                self._actor_index,
+            )
+            ended = valid & (terminated | truncated)
+            raw_reward, game_over = envs.game_signals(reward, terminated, truncated, info)
+            self.episodes.update(raw_reward, valid & game_over, valid)
+            self.env_steps += int(valid.sum())
+            self.param_version = puller.version
+            valid, obs = ~ended, next_obs
+            if time.monotonic() - last_report >= self._report_interval_s:
+                self._report()
+                last_report = time.monotonic()
+        if unwritten is not None and not self.stopping:
+            adder.add(unwritten)
 
     def wait_finished(self, timeout: float) -> bool:
         """Blocks until `run` has returned and its last counters reached the monitor, or timeout."""

@@ -1,5 +1,6 @@
 """Greedy evaluation: full episodes with the evaluation policy, and the evaluator node."""
 
+import threading
 from typing import Any
 
 import jax
@@ -43,7 +44,18 @@ def evaluate(
 
 
 class EvaluatorNode(program.Worker):
-    """Every `interval_s`, evaluates the learner's newest parameters and reports the mean."""
+    """Evaluates the learner's newest parameters every `interval_s`, and once at the run's end.
+
+    Each evaluation plays `num_episodes` greedy episodes and reports their
+    returns to the monitor, with the parameter version. Periodic evaluations
+    skip version 0 (the untrained network) and versions already evaluated.
+    `stop(final_evaluation=True)`, the driver's at the end of a run, adds
+    one last evaluation of the newest parameters unless they were evaluated
+    already: every run records an evaluation at its end whatever the
+    machine's speed, even a run too short for a periodic one (then of
+    version 0 if the learner has not stepped yet). `wait_finished` says
+    when it is in the monitor's history, which the final checkpoint keeps.
+    """
 
     def __init__(
         self,
@@ -60,21 +72,48 @@ class EvaluatorNode(program.Worker):
         self._learner = parameter_server.parameter_source(learner, builder, spec, seed, "evaluator")
         self._monitor = monitor
         self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
+        self._final_evaluation = False
+        self._finished = threading.Event()
+
+    def stop(self, final_evaluation: bool = False) -> None:
+        """Asks `run` to return; with `final_evaluation`, after evaluating the newest parameters."""
+        if final_evaluation:  # a later plain stop (the launcher's) does not cancel it
+            self._final_evaluation = True
+        super().stop()
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Blocks until `run` has returned (its evaluations reported), or timeout."""
+        return self._finished.wait(timeout)
 
     def run(self) -> None:
         env = envs.make_env(
             self._spec.env_id, self._num_episodes, seed=self._seed, evaluation=True, num_threads=1
         )
-        policy = self._builder.make_policy(self._spec, 0, 1, evaluation=True)
-        key = jax.random.fold_in(jax.random.PRNGKey(self._seed), 2**20)
-        version = 0  # version 0 is the initial, untrained network: not worth a look
         try:
-            while not self.sleep(self._interval_s):
-                answer = self._learner.get_params(version)
-                if answer is None:
-                    continue
-                version, params = answer
-                returns = run_episodes(env, policy, jax.device_put(params), key)
-                self._monitor.report_eval(returns.tolist(), version)
+            self._evaluate_until_stopped(env)
         finally:
             env.close()
+            self._finished.set()
+
+    def _evaluate_until_stopped(self, env: Any) -> None:
+        policy = self._builder.make_policy(self._spec, 0, 1, evaluation=True)
+        key = jax.random.fold_in(jax.random.PRNGKey(self._seed), 2**20)
+        evaluated = None  # the version evaluated last
+        while not self.sleep(self._interval_s):
+            # Version 0 is the initial, untrained network: not worth a periodic look.
+            version = self._evaluate_newer(env, policy, key, 0 if evaluated is None else evaluated)
+            evaluated = evaluated if version is None else version
+        if self._final_evaluation:
+            self._evaluate_newer(env, policy, key, -1 if evaluated is None else evaluated)
+
+    def _evaluate_newer(
+        self, env: Any, policy: builder_lib.Policy, key: jax.Array, newer_than: int
+    ) -> int | None:
+        """Evaluates the parameters if newer than `newer_than`; returns their version, or None."""
+        answer = self._learner.get_params(newer_than)
+        if answer is None:
+            return None
+        version, params = answer
+        returns = run_episodes(env, policy, jax.device_put(params), key)
+        self._monitor.report_eval(returns.tolist(), version)
+        return version

@@ -216,20 +216,25 @@ def _write_node_status(
     os.replace(path + ".tmp", path)
 
 
-def _stop_in_order(running: Any, cfg: ExperimentConfig) -> None:
-    """Stops actors and evaluator, then the learner (or the Gorila workers, worker 0
+def _stop_in_order(running: Any, cfg: ExperimentConfig, final_evaluation: bool = True) -> None:
+    """Stops actors, then the evaluator, then the learner (or the Gorila workers, worker 0
     last), whose `run` ends with the final checkpoint.
 
     Stopped actors insert nothing more and have reported their last counters,
-    so the final replay checkpoint and the counters saved with it agree.
+    so the final replay checkpoint and the counters saved with it agree. The
+    evaluator, with `final_evaluation`, first evaluates the newest parameters
+    (at the final env-step count) unless it has already: every run's history
+    ends with an evaluation, and the final checkpoint holds it.
     """
     actors = [running.client(node.name) for node in running.active_nodes("actor")]
     for node in actors:
         node.stop()
-    if cfg.eval_interval_s > 0:
-        running.client("evaluator").stop()
     for node in actors:
         _wait_finished(running, node)
+    if cfg.eval_interval_s > 0:
+        evaluator = running.client("evaluator")
+        evaluator.stop(final_evaluation=final_evaluation)
+        _wait_finished(running, evaluator)
     if cfg.learner_mode == "gorila":
         # Worker 0 takes the final checkpoint, so the others stop first: a
         # gradient they pushed after its snapshot would be lost on resume.
@@ -269,7 +274,8 @@ def run_experiment(
     """Runs the program until a stop condition, evaluates, and writes summary.json.
 
     Ctrl-C or SIGTERM stop the run the same way (final checkpoint included),
-    skip the final evaluation and then raise KeyboardInterrupt.
+    skip the final evaluations (the evaluator's last one and the driver's)
+    and then raise KeyboardInterrupt.
 
     Returns:
       The summary: counters, rates, final greedy evaluation, evaluation history.
@@ -302,7 +308,7 @@ def run_experiment(
     ):
         reason = _drive(running, cfg, logger, start, _actor_scaler(running, builder, cfg, spec))
         print(f"stopping: {reason}", flush=True)
-        _stop_in_order(running, cfg)
+        _stop_in_order(running, cfg, final_evaluation=reason != "interrupted")
         params_version, params = _final_params(running, builder, cfg, spec)
         snapshot = running.client("monitor").snapshot()
         evaluations = running.client("monitor").evaluations()

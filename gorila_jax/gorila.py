@@ -575,6 +575,7 @@ class GradientWorkerNode(program.Worker):
             self._run_error = error
             raise
         finally:
+            self._end_sampling()  # after a failure too: no sampling thread outlives `run`
             heartbeat.stop()
             self._finished.set()
 
@@ -584,9 +585,11 @@ class GradientWorkerNode(program.Worker):
             interval = self._checkpoint_interval
             if interval and self.global_step() - self._last_checkpoint_step >= interval:
                 self.save_checkpoint()
+        # While the replay still serves: the final checkpoint holds every
+        # priority sent, and no thread of this worker uses Reverb once it is done.
+        self._end_sampling()
         self._report()  # the driver's summary and the final checkpoint read it
         if self._checkpoints is not None:
-            self._close_priorities()  # the final checkpoint holds every priority sent
             self.save_checkpoint()
 
     def wait_finished(self, timeout: float) -> bool:
@@ -655,12 +658,17 @@ class GradientWorkerNode(program.Worker):
         counters = self._heartbeat_counters()
         self._monitor.report(f"gradient_worker/{self._index}", counters, self._metrics(counters))
 
-    def _close_priorities(self) -> None:
-        if self._priorities is not None:
-            self._priorities.close()
-            self._priorities = None
+    def _end_sampling(self) -> None:
+        """Joins the sampling threads, then sends the queued priorities and joins their
+        thread (as `learner.LearnerNode` does). Safe to call more than once."""
+        prefetcher, self._prefetcher = self._prefetcher, None
+        if prefetcher is not None:
+            prefetcher.close()
+        priorities, self._priorities = self._priorities, None
+        if priorities is not None:
+            priorities.close()
 
     def close(self) -> None:
-        self._close_priorities()
+        self._end_sampling()  # if `run` has not (a worker driven by hand)
         if self._checkpoints is not None:
             self._checkpoints.close()

@@ -197,8 +197,14 @@ class Heartbeat:
             except Exception:  # noqa: BLE001  a monitor that is away misses one beat
                 logging.warning("%s: heartbeat to the monitor failed", self._name, exc_info=True)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ends the thread and waits for a beat in flight, `timeout_s` at most: a node's
+        threads end before the node is closed and the process exits."""
         self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                logging.warning("%s: heartbeat thread still running after stop", self._name)
 
 
 class RunFailed(RuntimeError):

@@ -176,5 +176,7 @@ class ParameterCache(program.Worker):
             heartbeat.stop()
 
     def close(self) -> None:
-        self._fetcher.shutdown(wait=False, cancel_futures=True)
+        """Waits for the upstream fetch in flight and ends the cache's threads."""
+        self._fetcher.shutdown(wait=True, cancel_futures=True)
+        parameter_server.close_source(self._upstream)
         logging.info("%s: %s", self.name, self.counters())

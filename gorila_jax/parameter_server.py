@@ -252,6 +252,10 @@ class ShardedParameters:
             return None
         return version, self.assemble()
 
+    def close(self) -> None:
+        """Waits for the `futures` requests in flight and ends their threads (once unused)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
     @property
     def futures(self) -> Any:
         pool, get_params = self._pool, self.get_params
@@ -283,3 +287,9 @@ def parameter_source(
     if isinstance(learner, (list, tuple)):
         return sharded_parameters(list(learner), builder, spec, seed, receiver)
     return learner
+
+
+def close_source(source: Any) -> None:
+    """Ends the threads of a `parameter_source` (a `ShardedParameters`); a client has none."""
+    if isinstance(source, ShardedParameters):
+        source.close()

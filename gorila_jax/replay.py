@@ -662,6 +662,7 @@ class PriorityUpdater:
         self._table = table
         self._queue: queue.Queue = queue.Queue(max_queued)
         self.updates_sent = 0  # mutate calls that succeeded (one per shard a batch touches)
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, name="priority-updater", daemon=True)
         self._thread.start()
 
@@ -683,25 +684,30 @@ class PriorityUpdater:
 
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
-            keys, priorities, scale = work
-            shards = None
-            if isinstance(keys, SampledKeys):
-                keys, shards = keys.keys, keys.shards
-                shards = None if shards is None else shards.reshape(-1)
-            priorities = np.asarray(priorities, np.float64).reshape(-1)
-            if scale is not None:
-                priorities = priorities * np.asarray(scale, np.float64).reshape(-1)
-            keys = keys.reshape(-1)
-            finite = np.isfinite(priorities)
-            if not finite.all():  # a skipped (non-finite) update: the items keep their old ones
-                keys, priorities = keys[finite], priorities[finite]
-                shards = None if shards is None else shards[finite]
-            if shards is None:
-                self._send(0, keys, priorities)
-                continue
-            for shard in np.unique(shards).tolist():
-                owned = shards == shard
-                self._send(shard, keys[owned], priorities[owned])
+            try:
+                self._update(*work)
+            except Exception:  # noqa: BLE001  the thread must live on: `close` waits for it
+                logging.exception("priority update to table %s failed", self._table)
+
+    def _update(self, keys: np.ndarray | SampledKeys, priorities: Any, scale: Any) -> None:
+        shards = None
+        if isinstance(keys, SampledKeys):
+            keys, shards = keys.keys, keys.shards
+            shards = None if shards is None else shards.reshape(-1)
+        priorities = np.asarray(priorities, np.float64).reshape(-1)
+        if scale is not None:
+            priorities = priorities * np.asarray(scale, np.float64).reshape(-1)
+        keys = keys.reshape(-1)
+        finite = np.isfinite(priorities)
+        if not finite.all():  # a skipped (non-finite) update: the items keep their old ones
+            keys, priorities = keys[finite], priorities[finite]
+            shards = None if shards is None else shards[finite]
+        if shards is None:
+            self._send(0, keys, priorities)
+            return
+        for shard in np.unique(shards).tolist():
+            owned = shards == shard
+            self._send(shard, keys[owned], priorities[owned])
 
     def _send(self, shard: int, keys: np.ndarray, priorities: np.ndarray) -> None:
         if not keys.size:
@@ -720,7 +726,20 @@ class PriorityUpdater:
                 except Exception:  # noqa: BLE001  the node is unreachable too: retry next time
                     logging.exception("replay shard %d: no current address", shard)
 
-    def close(self) -> None:
-        """Sends what is queued, then ends the thread."""
-        self._queue.put(None)
-        self._thread.join(timeout=30)
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Sends what is queued, then ends the thread and waits for it (once; later calls
+        return at once).
+
+        Call it before the replay's servers stop: a thread still inside
+        `mutate_priorities` then, or when the interpreter finalizes, can
+        abort the process (see `learner.DevicePrefetcher.close`).
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(None)  # the thread lives until it takes this (see `_loop`)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logging.warning(
+                "priority updates to table %s still running after %.0fs", self._table, timeout_s
+            )

@@ -153,6 +153,11 @@ def _priority_exponent(address: str, table: str) -> float | None:
     return options.prioritized.priority_exponent
 
 
+# How long `ShardedSampler.close` waits for the shards' dataset threads: each
+# ends within its rate limiter's timeout on an idle machine, several times
+# that on a loaded one.
+_CLOSE_TIMEOUT_S = 30.0
+
 _ENDED = object()  # a _Puller's last item: its dataset ended (the rate limiter held samples)
 
 
@@ -236,6 +241,8 @@ class _ShardStream:
         self._wait_s = settings["rate_limiter_timeout_ms"] / 1000
         self._probe_after_s = probe_after_s
         self._puller: _Puller | None = None
+        # Pullers left on a server the shard moved away from; `close` waits for them briefly.
+        self._abandoned: list[_Puller] = []
         self._waiting_since: float | None = None
         self._rows: collections.deque[_Rows] = collections.deque()
         self._offset = 0  # rows of the oldest chunk already taken
@@ -292,20 +299,33 @@ class _ShardStream:
             "replay shard moved from %s to %s; sampling there", self._puller.address, address
         )
         self._puller.abandon()  # its thread may stay blocked on the old server
+        self._abandoned = [p for p in self._abandoned if p.is_alive()] + [self._puller]
         self._puller = None
 
-    def close(self) -> None:
-        """Ends its dataset's thread (rows pulled but not taken are dropped).
+    def close(self, deadline: float) -> None:
+        """Ends its dataset's thread and waits for it, until `deadline` (time.monotonic())
+        at most; rows pulled but not taken are dropped.
 
-        Waits for the thread while its server still serves, which takes at
-        most the rate limiter's timeout: a thread left waiting on a server
-        that then stops never ends, and Reverb's reconnect attempts in it
-        keep costing CPU for the rest of the process.
+        Call it while the shard's server still serves: the thread then ends
+        within about the rate limiter's timeout. A thread left waiting on a
+        server that stops never ends: Reverb's reconnect attempts in it keep
+        costing CPU, and one that returns while the interpreter finalizes
+        aborts the process (see `learner.DevicePrefetcher.close`).
         """
-        if self._puller is not None:
-            self._puller.abandon()
-            self._puller.join(timeout=self._wait_s + 2.0)
-            self._puller = None
+        current = [self._puller] if self._puller is not None else []
+        abandoned = self._abandoned
+        self._puller, self._abandoned = None, []
+        for puller in current + abandoned:
+            puller.abandon()
+        for puller in current + abandoned:
+            remaining = max(0.0, deadline - time.monotonic())
+            if puller in abandoned:  # on a server that moved away and may never answer again
+                remaining = min(remaining, self._wait_s + 2.0)
+            puller.join(remaining)
+            if puller.is_alive():
+                logging.warning(
+                    "replay shard %s: sampling thread still running after close", puller.address
+                )
 
     def _update_mass(self, info: Any, exponent: float | None) -> None:
         self.table_size = int(info.table_size[-1])
@@ -440,13 +460,15 @@ class ShardedSampler:
                     return
             yield self._assemble(counts)
 
-    def close(self) -> None:
-        """Ends the shards' dataset threads (a later `batches` builds new ones).
+    def close(self, timeout_s: float = _CLOSE_TIMEOUT_S) -> None:
+        """Ends the shards' dataset threads and waits for them, `timeout_s` in all at most
+        (a later `batches` builds new ones).
 
         Close it before the shards' servers stop (`with ShardedSampler(...)`).
         """
+        deadline = time.monotonic() + timeout_s
         for stream in self._streams:
-            stream.close()
+            stream.close(deadline)
         self._streams, self._batch_size = [], 0
 
     def __enter__(self) -> "ShardedSampler":

@@ -5,4 +5,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/setup_env.sh"
 ruff check gorila_jax agents launch tests bench
-exec python -m pytest -ra -m "not extended" "$@"
+exec python -m pytest -ra --durations=10 -m "not extended" "$@"

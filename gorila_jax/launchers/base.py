@@ -8,6 +8,29 @@ from typing import Any, Callable
 from gorila_jax import program as program_lib
 
 
+def close_stages(specs: list[program_lib.NodeSpec]) -> list[list[program_lib.NodeSpec]]:
+    """`specs` in the order to close them: each stage's nodes after every node that holds
+    a handle of one of them (actors, then the learner, then replay and monitor).
+
+    A node's threads and Reverb clients end before the servers they talk to
+    stop; a sampling thread still in Reverb's native code when its server
+    stops, or when the process exits, can abort the process (see
+    `learner.DevicePrefetcher.close`). Within a stage, and for nodes whose
+    handles form a cycle (closed together, last), nodes go in reverse
+    program order.
+    """
+    remaining = list(reversed(specs))
+    names = {spec.name for spec in specs}
+    holds = {spec.name: spec.dependencies() & names for spec in specs}
+    stages = []
+    while remaining:
+        held = set().union(*(holds[spec.name] for spec in remaining))
+        stage = [spec for spec in remaining if spec.name not in held] or remaining
+        stages.append(stage)
+        remaining = [spec for spec in remaining if spec not in stage]
+    return stages
+
+
 class RunningProgram(abc.ABC):
     """A launched program. Use as a context manager so that it always stops."""
 

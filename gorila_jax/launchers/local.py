@@ -40,23 +40,55 @@ class _Slot:
         return self.node
 
 
+class _ClientCalls:
+    """The threads that run the nodes' `futures` calls, and the calls in flight."""
+
+    def __init__(self):
+        self._executor = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="client")
+        self._lock = threading.Lock()
+        self._in_flight: set[concurrent.futures.Future] = set()
+
+    def submit(self, fn: Any, *args: Any) -> concurrent.futures.Future:
+        with self._lock:
+            future = self._executor.submit(fn, *args)
+            self._in_flight.add(future)
+        future.add_done_callback(self._done)
+        return future
+
+    def _done(self, future: concurrent.futures.Future) -> None:
+        with self._lock:
+            self._in_flight.discard(future)
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Cancels the calls not started, waits for those running, then ends the threads."""
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            running = list(self._in_flight)
+        _, stuck = concurrent.futures.wait(running, timeout_s)
+        if stuck:
+            # The threads would keep a node's calls going past its close: left to end alone.
+            logging.warning("%d client calls still running after %ss", len(stuck), timeout_s)
+            return
+        self._executor.shutdown(wait=True)
+
+
 class LocalClient(program_lib.Client):
-    def __init__(self, slot: _Slot, executor: concurrent.futures.Executor):
+    def __init__(self, slot: _Slot, calls: _ClientCalls):
         super().__init__(slot.spec.name)
         self._slot = slot
-        self._executor = executor
+        self._calls = calls
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self._slot.get(), method)(*args, **kwargs)
 
     def _submit(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
-        return self._executor.submit(self._call, method, args, kwargs)
+        return self._calls.submit(self._call, method, args, kwargs)
 
 
 class LocalProgram(base.RunningProgram):
     def __init__(self, program: program_lib.Program):
         super().__init__(program)
-        self._executor = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="client")
+        self._calls = _ClientCalls()
         # Replaced, never changed in place, when a node is added or removed:
         # other threads iterate it meanwhile.
         self._slots = {spec.name: _Slot(spec) for spec in program.nodes}
@@ -93,7 +125,7 @@ class LocalProgram(base.RunningProgram):
             slot.done.set()
 
     def client(self, name: str) -> LocalClient:
-        return LocalClient(self._slots[self.program.resolve_name(name)], self._executor)
+        return LocalClient(self._slots[self.program.resolve_name(name)], self._calls)
 
     @property
     def stopped(self) -> bool:
@@ -114,11 +146,8 @@ class LocalProgram(base.RunningProgram):
         if slot.thread.is_alive():
             # A thread cannot be killed: it is left to end by itself, without its slot.
             logging.warning("node %s did not stop within %ss; dropped", name, timeout_s)
-        elif slot.node is not None and hasattr(slot.node, "close"):
-            try:
-                slot.node.close()
-            except Exception:  # noqa: BLE001  the node is gone either way
-                logging.exception("closing node %s failed", name)
+        else:
+            self._close(slot)
         self._slots = {key: value for key, value in self._slots.items() if key != name}
 
     def failures(self) -> dict[str, str]:
@@ -136,6 +165,13 @@ class LocalProgram(base.RunningProgram):
         return all(slot.done.is_set() for slot in self._slots.values())
 
     def stop(self) -> None:
+        """Stops every node, waits for their `run`s and client calls, then closes them.
+
+        A node is closed before the nodes whose handles it holds
+        (`base.close_stages`): its threads and Reverb clients end while the
+        servers they use still serve, and none is left running when the
+        process exits.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -146,14 +182,20 @@ class LocalProgram(base.RunningProgram):
             slot.thread.join(_JOIN_TIMEOUT_S)
             if slot.thread.is_alive():
                 logging.warning("node %s did not stop within %ss", slot.spec.name, _JOIN_TIMEOUT_S)
-        # Close in reverse order so that servers outlive the clients built after them.
-        for slot in reversed(list(self._slots.values())):
-            if slot.node is not None and hasattr(slot.node, "close"):
-                try:
-                    slot.node.close()
-                except Exception:  # noqa: BLE001  one bad close must not leak the rest
-                    logging.exception("closing node %s failed", slot.spec.name)
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        # Calls in flight (a parameter pull, a report) end before the nodes they call close.
+        self._calls.shutdown(_JOIN_TIMEOUT_S)
+        slots = {slot.spec.name: slot for slot in self._slots.values()}
+        for stage in base.close_stages([slot.spec for slot in slots.values()]):
+            for spec in stage:
+                self._close(slots[spec.name])
+
+    @staticmethod
+    def _close(slot: _Slot) -> None:
+        if slot.node is not None and hasattr(slot.node, "close"):
+            try:
+                slot.node.close()
+            except Exception:  # noqa: BLE001  one bad close must not leak the rest
+                logging.exception("closing node %s failed", slot.spec.name)
 
 
 def launch(program: program_lib.Program) -> LocalProgram:

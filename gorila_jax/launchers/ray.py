@@ -384,6 +384,12 @@ class RayProgram(base.RunningProgram):
         return len(ready) == len(refs)
 
     def stop(self) -> None:
+        """Stops every node and waits for their `run`s, closes them in stages, kills them.
+
+        A node is closed only after every node holding its handle has closed
+        (`base.close_stages`): a learner's samplers and priority updates end
+        while the replay still serves, not in a race with its close.
+        """
         if self._stopped:
             return
         self._stopped = True
@@ -398,8 +404,10 @@ class RayProgram(base.RunningProgram):
                 num_returns=len(self._run_refs),
                 timeout=_STOP_TIMEOUT_S,
             )
-            closing = [actor.close.remote() for actor in reversed(list(self._actors.values()))]
-            ray.wait(closing, num_returns=len(closing), timeout=_STOP_TIMEOUT_S)
+            live = [self.program.node(name) for name in self._actors]
+            for stage in base.close_stages(live):
+                closing = [self._actors[spec.name].close.remote() for spec in stage]
+                ray.wait(closing, num_returns=len(closing), timeout=_STOP_TIMEOUT_S)
         except Exception:  # noqa: BLE001  the actors are killed below regardless
             logging.exception("orderly stop of program %s failed", self.program.name)
         for actor in self._actors.values():

@@ -65,11 +65,14 @@ def test_train_stop_resume_continues_counters_curve_and_evaluations(tmp_path):
     # The final checkpoint is taken after the learner stopped: it is its last step.
     assert checkpoint.saved_steps(tmp_path)[-1] == first["params_version"] > 0
 
+    # A run ends past its budget by what its actors did until they were stopped,
+    # more on a faster machine: the second budget goes on from where the first ended.
+    budget = first["env_steps"] + 2_000
     second = experiment.run_experiment(
-        builder, _experiment(tmp_path, total_env_steps=4_000, resume=True)
+        builder, _experiment(tmp_path, total_env_steps=budget, resume=True)
     )
     assert second["resumed_from_learner_step"] == first["params_version"]
-    assert second["env_steps"] >= 4_000 > first["env_steps"] >= 2_000
+    assert second["env_steps"] >= budget > first["env_steps"] >= 2_000
     assert second["learner_steps"] > first["learner_steps"]
     assert second["episodes"] > first["episodes"]
     assert second["wall_time_s"] > first["wall_time_s"]
@@ -89,6 +92,22 @@ def test_train_stop_resume_continues_counters_curve_and_evaluations(tmp_path):
     assert sorted(int(d) for d in os.listdir(checkpoint.replay_dir(tmp_path)) if d.isdigit()) == (
         steps
     )
+
+
+def test_a_run_too_short_for_a_periodic_evaluation_ends_with_one_that_is_checkpointed(tmp_path):
+    # No periodic evaluation can be due, however fast or slow the machine:
+    # the one in the history is the evaluator's last, at the run's end.
+    cfg = _experiment(tmp_path, total_env_steps=1_000, eval_interval_s=3_600.0)
+    summary = experiment.run_experiment(dqn.DQNBuilder(CONFIG), cfg)
+    [last] = summary["evaluations"]
+    assert last["env_steps"] == summary["env_steps"]  # after the actors' final counters
+    # The rate limiter made the learner step before the actors could finish.
+    assert 0 < last["param_version"] <= summary["params_version"]
+    assert last["num_episodes"] == cfg.eval_episodes
+    # The final checkpoint holds it, so a resumed run's history starts with it.
+    resume = checkpoint.find_resume_point(str(tmp_path), _target())
+    assert resume.step == summary["params_version"]
+    assert resume.meta["evaluations"] == summary["evaluations"]
 
 
 def _program(logdir, resume=None):
@@ -273,19 +292,33 @@ def test_sigterm_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path):
         "--config.min_replay_size=200",
     ]
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with subprocess.Popen(
-        [sys.executable, "-m", "launch.train", *flags],
-        cwd=repo,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    ) as process:
+    # A file, not a pipe nobody reads while the run goes on: a full pipe would
+    # block the run's prints, and the output is there to show if it fails.
+    log = tmp_path / "train.log"
+    with (
+        open(log, "w") as out,
+        subprocess.Popen(
+            [sys.executable, "-m", "launch.train", *flags],
+            cwd=repo,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        ) as process,
+    ):
         try:
-            assert fakes.wait_until(lambda: _learner_steps_logged(tmp_path), 240)
+            # A run that ended by itself will never log a step: stop waiting for it.
+            fakes.wait_until(
+                lambda: _learner_steps_logged(tmp_path) or process.poll() is not None, 240
+            )
+            assert process.poll() is None and _learner_steps_logged(tmp_path), (
+                f"no learner step logged while the run went on (exit code {process.poll()}):\n"
+                + log.read_text()[-3000:]
+            )
             process.send_signal(signal.SIGTERM)
-            output, _ = process.communicate(timeout=240)
+            process.wait(timeout=240)
         finally:
             process.kill()
+    output = log.read_text()
     assert process.returncode == 130, output[-2000:]  # the shell's code for an interrupt
     assert "interrupted: final evaluation skipped" in output
     assert "Traceback" not in output
@@ -314,12 +347,13 @@ def test_resume_under_the_ray_launcher_with_a_relative_logdir(tmp_path, monkeypa
     first = experiment.run_experiment(
         builder, _experiment("run", total_env_steps=3_000, **settings), **ray_options
     )
+    budget = first["env_steps"] + 3_000  # from where the first ended, past its budget
     second = experiment.run_experiment(
         builder,
-        _experiment("run", total_env_steps=6_000, resume=True, **settings),
+        _experiment("run", total_env_steps=budget, resume=True, **settings),
         **ray_options,
     )
     assert second["resumed_from_learner_step"] == first["params_version"] > 0
     assert second["learner_steps"] > first["learner_steps"]
-    assert second["env_steps"] >= 6_000
+    assert second["env_steps"] >= budget
     assert checkpoint.saved_steps(tmp_path / "run")[-1] == second["params_version"]

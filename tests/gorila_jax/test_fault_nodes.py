@@ -184,7 +184,10 @@ _RAY_SETTINGS = dict(
     eval_interval_s=0.0,
     checkpoint_interval_steps=0,
     heartbeat_interval_s=0.5,
-    heartbeat_timeout_s=3.0,
+    # Killed nodes are found dead by Ray, hung ones stalled: no scenario here waits on
+    # silence (a fake clock tests that), and a short timeout would let a loaded
+    # machine's late beat, or Ray's late word of a kill, read as "silent".
+    heartbeat_timeout_s=30.0,
     log_interval_s=0.5,
 )
 

@@ -125,6 +125,9 @@ class _NanBatches:
         batch = batch._replace(data=batch.data._replace(reward=reward))
         return keys, parallel.shard_to_devices(batch, self._devices)
 
+    def close(self) -> None:
+        self._real.close()
+
 
 def _fill(server_address: str, builder, count: int) -> None:
     codec = builder.item_codec(SPEC)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import itertools
 import os
 import time
 
@@ -83,9 +84,32 @@ def two_shards():
         node.close()
 
 
+def _batches(
+    sampler: sharded_replay.ShardedSampler,
+    batch_size: int,
+    timeout_s: float = 120.0,
+    retry_unreachable: bool = False,
+):
+    """The sampler's batches for up to `timeout_s`, asking again when its iterator ends,
+    as `DevicePrefetcher` does: it also ends when a shard's new dataset brings nothing
+    within the rate limiter's timeout, which a loaded machine can take just to start it.
+    With `retry_unreachable`, also when a shard is unreachable."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            for batch in sampler.batches(batch_size):
+                yield batch
+                if time.monotonic() >= deadline:
+                    return
+        except replay.CONNECTION_ERRORS:
+            if not retry_unreachable:
+                raise
+
+
 def _rows(sampler: sharded_replay.ShardedSampler, batch_size: int, count: int) -> list:
-    batches = sampler.batches(batch_size)
-    return [next(batches) for _ in range(count)]
+    batches = list(itertools.islice(_batches(sampler, batch_size), count))
+    assert len(batches) == count, f"{len(batches)} of {count} batches within the timeout"
+    return batches
 
 
 def test_sampling_covers_the_shards_in_proportion_to_their_priority_mass(two_shards):
@@ -159,8 +183,7 @@ def test_uniform_and_queue_tables_sample_across_shards_too():
             assert abs(np.mean(shards == 1) - 0.75) < 0.04, np.mean(shards == 1)
 
         with sharded_replay.ShardedSampler(queues, TABLE, CODEC, seed=4) as sampler:
-            rows = sampler.batches(10)
-            items = np.concatenate([next(rows).data for _ in range(6)])  # 60 of the 80
+            items = np.concatenate([b.data for b in _rows(sampler, 10, 6)])  # 60 of the 80
             pairs = {(int(shard), int(index)) for shard, index, _ in items}
             assert len(pairs) == 60, "an item of a queue came out twice"
             assert {shard for shard, _ in pairs} == {0, 1}
@@ -231,20 +254,13 @@ def test_a_shard_restarted_at_another_address_is_sampled_again():
         with sharded_replay.ShardedSampler(
             shards, TABLE, CODEC, probe_after_s=1.0, rate_limiter_timeout_ms=200
         ) as sampler:
-            batches = sampler.batches(16)
-            next(batches)
+            _rows(sampler, 16, 1)
             old_address = shards[1].node.address()
             shards[1].node.close()
             shards[1].node = replay.ReplayNode(_tables)  # a new port: another address
             assert shards[1].node.address() != old_address
             _fill(shards[1].node, 7, np.ones(50))  # its items say "7"
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    batch = next(batches)
-                except (StopIteration, *replay.CONNECTION_ERRORS):
-                    batches = sampler.batches(16)  # what DevicePrefetcher does
-                    continue
+            for batch in _batches(sampler, 16, timeout_s=60, retry_unreachable=True):
                 if 7 in batch.data[batch.shards == 1, 0]:
                     break
             else:
@@ -399,9 +415,10 @@ def test_a_run_with_two_replay_shards_fills_both_learns_and_resumes(tmp_path):
     # Resuming with another shard count would find no replay to restore: refused by name.
     with pytest.raises(ValueError, match="hold a replay of 2 shard.*num_replay_shards=1"):
         _run_config(tmp_path, num_replay_shards=1, num_actors=1, resume=True).validate()
-    # Each shard restores its own checkpoint, and the run goes on from it.
+    # Each shard restores its own checkpoint, and the run goes on from it: 1,000 env
+    # steps past where the first ended (past its budget, by more on a faster machine).
     second = experiment.run_experiment(
-        builder, _run_config(tmp_path, total_env_steps=3_000, resume=True)
+        builder, _run_config(tmp_path, total_env_steps=first["env_steps"] + 1_000, resume=True)
     )
     assert second["resumed_from_learner_step"] == first["params_version"]
     assert second["learner_steps"] > first["learner_steps"]
