@@ -659,14 +659,10 @@ class GradientWorkerNode(program.Worker):
         self._monitor.report(f"gradient_worker/{self._index}", counters, self._metrics(counters))
 
     def _end_sampling(self) -> None:
-        """Joins the sampling threads, then sends the queued priorities and joins their
-        thread (as `learner.LearnerNode` does). Safe to call more than once."""
-        prefetcher, self._prefetcher = self._prefetcher, None
-        if prefetcher is not None:
-            prefetcher.close()
-        priorities, self._priorities = self._priorities, None
-        if priorities is not None:
-            priorities.close()
+        """`learner.end_sampling` of this worker's. Safe to call more than once."""
+        prefetcher, priorities = self._prefetcher, self._priorities
+        self._prefetcher = self._priorities = None
+        learner.end_sampling(prefetcher, priorities)
 
     def close(self) -> None:
         self._end_sampling()  # if `run` has not (a worker driven by hand)

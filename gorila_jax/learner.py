@@ -295,6 +295,18 @@ def sampler(
     return replay_shards.sampler(table, codec, stop_event)
 
 
+def end_sampling(
+    prefetcher: DevicePrefetcher | None, priorities: replay.PriorityUpdater | None
+) -> None:
+    """Joins a learner's sampling threads, then sends its queued priorities and joins
+    their thread: in that order, no batch is taken after the last priorities.
+    What the sync learner and Gorila workers do before a final checkpoint and on close."""
+    if prefetcher is not None:
+        prefetcher.close()
+    if priorities is not None:
+        priorities.close()
+
+
 NEWEST = -1  # restore_step: the newest checkpoint that loads
 
 
@@ -850,17 +862,11 @@ class LearnerNode(program.Worker):
             return self._params_bytes_served
 
     def _end_sampling(self) -> None:
-        """Joins the sampling threads, then sends the queued priorities and joins their thread.
-
-        In that order: no batch is taken after the last priorities. A later
-        `step` starts sampling again. Safe to call more than once.
-        """
-        prefetcher, self._prefetcher = self._prefetcher, None
-        if prefetcher is not None:
-            prefetcher.close()
-        priorities, self._priorities = self._priorities, None
-        if priorities is not None:
-            priorities.close()
+        """`end_sampling` of this node's; a later `step` starts sampling again.
+        Safe to call more than once."""
+        prefetcher, priorities = self._prefetcher, self._priorities
+        self._prefetcher = self._priorities = None
+        end_sampling(prefetcher, priorities)
 
     def close(self) -> None:
         """Ends sampling and priority updates (if `run` has not), then closes the checkpoints.
