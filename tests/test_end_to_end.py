@@ -39,6 +39,8 @@ def test_dqn_solves_cartpole_under_the_local_launcher(tmp_path):
     assert summary["stop_reason"] == "evaluation return reached 475.0", summary["stop_reason"]
     assert summary["final_eval_episodes"] >= 10
     _assert_run_files(tmp_path, summary)
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    _assert_q_within_the_largest_return(rows, builder.config.discount)
 
 
 @pytest.mark.slow
@@ -55,6 +57,20 @@ def test_dqn_solves_cartpole_and_does_not_collapse_by_the_end_of_its_budget(tmp_
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["env_steps"] >= exp.total_env_steps
     _assert_run_files(tmp_path, summary)
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    _assert_q_within_the_largest_return(rows, builder.config.discount)
+
+
+def _assert_q_within_the_largest_return(rows, discount: float) -> None:
+    """No Q divergence: a CartPole return (reward 1 per step) is worth at most 1 / (1 - gamma).
+
+    Every logged mean Q of every learner (Gorila: every worker) is checked;
+    runaway Q came before the collapses the cartpole preset's LayerNorm fixed.
+    """
+    columns = [key for key in rows[0] if key.split("/")[-1] == "q_mean"]
+    assert columns, list(rows[0])
+    logged = [float(row[key]) for row in rows for key in columns if row[key]]
+    assert logged and max(logged) < 1.0 / (1.0 - discount), max(logged)
 
 
 def _assert_run_files(logdir, summary) -> None:
@@ -120,6 +136,7 @@ def test_gorila_dqn_solves_cartpole_with_two_workers_and_two_shards(tmp_path, ra
     # Asynchronous for real: gradients landed on parameters that had moved on.
     assert float(rows[-1]["mean_staleness"]) > 0.5
     assert float(rows[-1]["shard0/applied"]) > 0 and float(rows[-1]["shard1/applied"]) > 0
+    _assert_q_within_the_largest_return(rows, builder.config.discount)
 
 
 @pytest.mark.slow

@@ -49,6 +49,7 @@ class DQNBuilder:
             cfg.dueling,
             cfg.torso,
             precision.compute_dtype(cfg.precision),
+            cfg.layer_norm,
         )
 
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:

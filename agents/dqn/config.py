@@ -21,6 +21,10 @@ class DQNConfig:
       hidden_sizes: widths of the MLP layers (the whole MLP torso, or the
         layers after a conv torso).
       dueling: split the head into value and advantage streams (Wang et al., 2016).
+      layer_norm: LayerNorm before each hidden ReLU. It bounds the features
+        the Q head is linear in, which keeps TD bootstrapping from diverging
+        (Gallici et al., 2024, "Simplifying Deep Temporal Difference Learning";
+        Ball et al., 2023).
       discount: per-step discount gamma.
       n_step: length of the n-step return written by actors.
       learning_rate: peak Adam step size, decayed by a cosine schedule.
@@ -68,6 +72,7 @@ class DQNConfig:
     torso: str = "auto"
     hidden_sizes: tuple[int, ...] = (512,)
     dueling: bool = True
+    layer_norm: bool = False
     discount: float = 0.99
     n_step: int = 3
     learning_rate: float = 2.5e-4

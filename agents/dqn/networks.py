@@ -71,6 +71,7 @@ class QNetwork(nn.Module):
       torso: "mlp" flattens observations; "nature" and "impala" take uint8
         [B, C, H, W] frame stacks.
       dueling: Q = V + A - mean(A) instead of a single linear head.
+      layer_norm: normalize each ReLU layer's input (Dense, LayerNorm, ReLU).
       dtype: compute dtype; parameters are always float32.
     """
 
@@ -78,6 +79,7 @@ class QNetwork(nn.Module):
     hidden_sizes: Sequence[int]
     torso: str = "mlp"
     dueling: bool = False
+    layer_norm: bool = False
     dtype: Any = jnp.float32
 
     @nn.compact
@@ -89,7 +91,10 @@ class QNetwork(nn.Module):
         else:
             x = obs.reshape((obs.shape[0], -1)).astype(self.dtype)
         for size in self.hidden_sizes:
-            x = nn.relu(_dense(size, self.dtype)(x))
+            x = _dense(size, self.dtype)(x)
+            if self.layer_norm:
+                x = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)
+            x = nn.relu(x)
         if self.dueling:
             value = _dense(1, self.dtype)(x)
             advantage = _dense(self.num_actions, self.dtype)(x)
@@ -112,6 +117,7 @@ def make_network(
     dueling: bool,
     torso: str = "auto",
     dtype: Any = jnp.float32,
+    layer_norm: bool = False,
 ) -> QNetwork:
     if not spec.discrete:
         raise ValueError(f"DQN needs discrete actions; {spec.env_id} has continuous ones")
@@ -121,4 +127,4 @@ def make_network(
             f"the {torso} torso needs image stacks [C, H, W]; {spec.env_id} observations "
             f"have shape {spec.observation_shape} (use torso='mlp')"
         )
-    return QNetwork(spec.num_actions, tuple(hidden_sizes), torso, dueling, dtype)
+    return QNetwork(spec.num_actions, tuple(hidden_sizes), torso, dueling, layer_norm, dtype)

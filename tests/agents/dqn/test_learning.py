@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from agents import dqn
-from agents.dqn import learning, policy
+from agents.dqn import learning, networks, policy
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, learner, parallel, precision, types
 
@@ -104,6 +104,28 @@ def test_sharded_update_equals_single_device_update():
         parallel.unshard(infos_four[-1].priorities),
         atol=1e-5,
     )
+
+
+def test_layer_norm_sharded_update_equals_single_device_update():
+    cfg = dataclasses.replace(TINY, layer_norm=True)
+    batches = [_random_batch(seed) for seed in range(3)]
+    one, _ = _train(1, batches, cfg)
+    four, _ = _train(4, batches, cfg)
+    chex.assert_trees_all_close(one.params, four.params, atol=1e-5)
+
+
+def test_layer_norm_bounds_the_q_values_that_large_features_would_inflate():
+    # What keeps the cartpole preset's Q from running away: with LayerNorm the
+    # head sees features of fixed scale, however large the layer's inputs grow.
+    obs = np.random.default_rng(0).normal(size=(128, 4)).astype(np.float32)
+    growth = {}
+    for layer_norm in (False, True):
+        network = networks.make_network(SPEC, (32, 32), True, "mlp", layer_norm=layer_norm)
+        params = network.init(jax.random.PRNGKey(0), obs)
+        q, q_large = (np.abs(network.apply(params, x)).max() for x in (obs, 1000 * obs))
+        growth[layer_norm] = q_large / q
+    assert growth[False] > 100, growth
+    assert growth[True] < 2, growth
 
 
 def test_update_lowers_the_loss_on_a_fixed_batch():
