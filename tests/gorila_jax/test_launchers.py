@@ -1,8 +1,10 @@
 """The same program object under the `local` and `ray` launchers."""
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -82,32 +84,78 @@ def test_unreachable_ray_address_fails_fast():
         launchers.launch(graph, "ray", address="127.0.0.1:1")
 
 
+class _HandStartedHead:
+    """A Ray head started by hand, as a user would (`ray start --head`), on loopback.
+
+    `stop` ends this head's processes only. `ray stop --force` would end
+    every Ray process on the machine, a user's training run among them.
+    """
+
+    def __init__(self):
+        import portpicker
+
+        self.port = portpicker.pick_unused_port()
+        self.address = f"127.0.0.1:{self.port}"
+        # Short: Ray's unix socket paths under it must fit in 107 bytes.
+        self.temp_dir = tempfile.mkdtemp(prefix="rayhead", dir="/tmp")
+        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+        subprocess.run(
+            [
+                ray_cli,
+                "start",
+                "--head",
+                f"--port={self.port}",
+                "--node-ip-address=127.0.0.1",
+                "--num-cpus=2",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                f"--temp-dir={self.temp_dir}",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    def processes(self) -> list[psutil.Process]:
+        # Every process of the head names its temp dir or its GCS address
+        # (the client server only the latter).
+        def ours(args: list[str]) -> bool:
+            return any(self.temp_dir in arg or arg.endswith(f":{self.port}") for arg in args)
+
+        return [p for p in psutil.process_iter(["cmdline"]) if ours(p.info["cmdline"] or [])]
+
+    def stop(self) -> None:
+        processes = self.processes()
+        for process in processes:
+            process.terminate()
+        _, alive = psutil.wait_procs(processes, timeout=15)
+        for process in alive:
+            process.kill()
+        psutil.wait_procs(alive, timeout=15)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
 @pytest.fixture
 def existing_cluster(monkeypatch):
-    """A Ray head started by hand, as a user would (`ray start --head`), on loopback."""
-    import portpicker
-
     # `ray start` enables token authentication; a joining driver must say so.
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    port = portpicker.pick_unused_port()
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    subprocess.run(
-        [
-            ray_cli,
-            "start",
-            "--head",
-            f"--port={port}",
-            "--node-ip-address=127.0.0.1",
-            "--num-cpus=2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    yield f"127.0.0.1:{port}"
-    subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120)
+    head = _HandStartedHead()
+    yield head.address
+    head.stop()
+
+
+def test_stopping_a_hand_started_head_leaves_another_ray_cluster_running(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    first, other = _HandStartedHead(), _HandStartedHead()
+    try:
+        others = other.processes()
+        assert first.processes() and others
+        first.stop()
+        assert not first.processes()
+        assert all(process.is_running() for process in others)
+    finally:
+        first.stop()
+        other.stop()
 
 
 def test_ray_launcher_joins_an_existing_cluster_and_leaves_it_running(existing_cluster):
