@@ -308,7 +308,10 @@ def test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead(tmp_path, 
     marker = str(tmp_path / "hung")
     logdir = tmp_path / "run"
     builder = HangingActorBuilder(CONFIG, marker=marker)
-    cfg = _experiment(logdir, total_env_steps=10**9, stall_timeout_s=4.0, **_RAY_SETTINGS)
+    # The hang is forever; 15 s tells it from a replacement that the CPU
+    # starved for a few seconds (at 4 s, a loaded machine's healthy
+    # replacement was replaced as stalled too: 3 restarts instead of 2).
+    cfg = _experiment(logdir, total_env_steps=10**9, stall_timeout_s=15.0, **_RAY_SETTINGS)
 
     def hang_then_kill():
         assert fakes.wait_until(lambda: os.path.exists(marker), timeout_s=180)
