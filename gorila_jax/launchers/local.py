@@ -184,7 +184,7 @@ class LocalProgram(base.RunningProgram):
                 logging.warning("node %s did not stop within %ss", slot.spec.name, _JOIN_TIMEOUT_S)
         # Calls in flight (a parameter pull, a report) end before the nodes they call close.
         self._calls.shutdown(_JOIN_TIMEOUT_S)
-        slots = {slot.spec.name: slot for slot in self._slots.values()}
+        slots = self._slots  # replaced, never changed in place: this is one snapshot
         for stage in base.close_stages([slot.spec for slot in slots.values()]):
             for spec in stage:
                 self._close(slots[spec.name])
