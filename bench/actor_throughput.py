@@ -27,8 +27,11 @@ import reverb  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
-from gorila_jax import actor, envs, launchers, learner, program, replay, types, writers  # noqa: E402
 from bench import timing  # noqa: E402
+from gorila_jax import envs, replay, types
+from gorila_jax.acting import actor
+from gorila_jax.distributed import launchers, program
+from gorila_jax.learning import learner
 from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
@@ -50,7 +53,7 @@ def _real_transitions(spec: types.EnvSpec, num_envs: int, n: int, discount: floa
     (Reverb compresses chunks, so zeros would flatter the insert rate)."""
     env = envs.make_env(spec.env_id, num_envs, seed=1, num_threads=1)
     obs, _ = env.reset()
-    accumulator = writers.NStepAccumulator(num_envs, n, discount)
+    accumulator = replay.NStepAccumulator(num_envs, n, discount)
     rng, valid, batches = np.random.default_rng(1), np.ones(num_envs, bool), []
     while len(batches) < 64:
         action = rng.integers(0, spec.num_actions, num_envs).astype(np.int32)
@@ -65,7 +68,7 @@ def _real_transitions(spec: types.EnvSpec, num_envs: int, n: int, discount: floa
 
 def reverb_inserts(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
     server = reverb.Server(builder.replay_tables(spec))
-    writer = writers.TransitionWriter(reverb.Client(f"localhost:{server.port}"), dqn.builder.TABLE)
+    writer = replay.TransitionWriter(reverb.Client(f"localhost:{server.port}"), dqn.builder.TABLE)
     cfg, codec = builder.config, builder.item_codec(spec)
     batches = _real_transitions(spec, num_envs, cfg.n_step, cfg.discount)
     written, calls, start = 0, 0, time.perf_counter()

@@ -30,17 +30,10 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
-from gorila_jax import builder as builder_lib  # noqa: E402
-from gorila_jax import (  # noqa: E402
-    compression,
-    envs,
-    gorila,
-    launchers,
-    parallel,
-    parameter_server,
-    program,
-    types,
-)
+from gorila_jax import builder as builder_lib
+from gorila_jax import envs, parallel, types
+from gorila_jax.distributed import launchers, program
+from gorila_jax.gorila import compression, parameter_server, shard_node
 
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per configuration.")
 _SHARDS = flags.DEFINE_list("num_ps_shards", ["1", "2", "4"], "Shard counts for part 2.")
@@ -132,7 +125,7 @@ def shard_scaling(builder, spec, gradient: np.ndarray, num_shards: int, seconds:
     graph = program.Program("ps-bench")
     with graph.group("parameter_server", program.Resources(num_cpus=0.5)):
         shards = [
-            graph.add_node(gorila.ParameterShardNode, builder, spec, SEED, i, num_shards, -1)
+            graph.add_node(shard_node.ParameterShardNode, builder, spec, SEED, i, num_shards, -1)
             for i in range(num_shards)
         ]
     with graph.group("pusher", program.Resources(num_cpus=0.5)):

@@ -58,7 +58,7 @@ def _global_batch(spec, size: int):
 
 def _child() -> None:
     """Times `--steps` updates in this process; process 0 prints {"updates_per_s": ...}."""
-    from gorila_jax import multihost
+    from gorila_jax.distributed import multihost
 
     if _NUM_PROCESSES.value > 1:  # before any other jax call
         group = multihost.ProcessGroup(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
@@ -67,7 +67,8 @@ def _child() -> None:
 
     from agents import dqn
     from gorila_jax import builder as builder_lib
-    from gorila_jax import envs, learner, parallel
+    from gorila_jax import envs, parallel
+    from gorila_jax.learning import learner
 
     spec = envs.env_spec(_ENV.value)
     builder = dqn.DQNBuilder(dqn.DQNConfig(batch_size=_BATCH.value))
@@ -102,7 +103,7 @@ def _child() -> None:
 
 def _run(num_processes: int, devices_per_process: int, global_step: bool) -> float:
     """Starts the measuring process(es); returns process 0's updates per second."""
-    from gorila_jax import multihost
+    from gorila_jax.distributed import multihost
 
     env = multihost.cpu_device_env(devices_per_process)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)

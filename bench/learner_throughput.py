@@ -28,8 +28,9 @@ import reverb  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
-from gorila_jax import builder as builder_lib  # noqa: E402
-from gorila_jax import envs, learner, parallel, replay, types, writers  # noqa: E402
+from gorila_jax import builder as builder_lib
+from gorila_jax import envs, parallel, replay, types
+from gorila_jax.learning import learner
 from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
@@ -147,7 +148,7 @@ def main(argv):
     table = builder.replay_tables(spec)[0].replace(rate_limiter=reverb.rate_limiters.MinSize(1))
     server = reverb.Server([table])
     address = f"localhost:{server.port}"
-    writer = writers.TransitionWriter(reverb.Client(address), dqn.builder.TABLE)
+    writer = replay.TransitionWriter(reverb.Client(address), dqn.builder.TABLE)
     codec = builder.item_codec(spec)
     for start in range(0, _ITEMS.value, 1000):
         count = min(1000, _ITEMS.value - start)

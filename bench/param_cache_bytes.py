@@ -35,7 +35,9 @@ from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
-from gorila_jax import envs, experiment, param_cache  # noqa: E402
+from gorila_jax import envs  # noqa: E402
+from gorila_jax.acting import param_cache  # noqa: E402
+from gorila_jax.run import experiment  # noqa: E402
 from launch import presets  # noqa: E402
 
 _ACTORS = flags.DEFINE_integer("num_actors", 8, "Actors in each run.", lower_bound=1)

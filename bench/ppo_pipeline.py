@@ -24,7 +24,7 @@ from absl import app, flags  # noqa: E402
 
 from agents import ppo  # noqa: E402
 from bench.timing import pipeline_rates, raw_envpool  # noqa: E402
-from gorila_jax import envs  # noqa: E402
+from gorila_jax import envs
 from launch import ppo_presets, presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "Pong-v5", "envpool Atari task id.")

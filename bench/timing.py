@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from gorila_jax import envs, experiment, types
+from gorila_jax import envs, types
+from gorila_jax.run import experiment
 
 
 def timed(fn, seconds: float, units_per_call: int) -> float:

@@ -22,7 +22,9 @@ import jax
 import numpy as np
 from absl import app, flags
 
-from gorila_jax import checkpoint, envs, evaluation
+from gorila_jax import envs
+from gorila_jax.acting import evaluation
+from gorila_jax.learning import checkpoint
 
 _LOGDIR = flags.DEFINE_string("logdir", None, "The --logdir of a training run.", required=True)
 _EPISODES = flags.DEFINE_integer("episodes", 10, "Greedy episodes to play.", lower_bound=1)

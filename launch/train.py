@@ -19,10 +19,13 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from agents import dqn
-from agents import ppo
-from agents import sac
-from gorila_jax import balance, checkpoint, compression, envs, experiment, gorila, launchers
+from agents import dqn, ppo, sac
+from gorila_jax import envs
+from gorila_jax.distributed import launchers
+from gorila_jax.gorila import compression, mode
+from gorila_jax.health import balance
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import experiment
 from launch import presets
 
 AGENTS = {"dqn": dqn.DQNBuilder, "ppo": ppo.PPOBuilder, "sac": sac.SACBuilder}
@@ -379,7 +382,7 @@ def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
     spec = envs.env_spec(exp_config.env_id)
     builder.validate(exp_config.num_learner_devices or 1, spec)
     if exp_config.learner_mode == "gorila":
-        gorila.check_agent(builder, spec)
+        mode.check_agent(builder, spec)
 
 
 def main(argv: list[str]) -> None:

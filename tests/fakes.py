@@ -4,7 +4,7 @@ import os
 import threading
 import time
 
-from gorila_jax import program
+from gorila_jax.distributed import program
 
 
 class Counter:

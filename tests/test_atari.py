@@ -11,7 +11,8 @@ import reverb
 
 from agents import dqn
 from agents.dqn import networks
-from gorila_jax import envs, experiment, parallel, replay, types
+from gorila_jax import envs, parallel, replay, types
+from gorila_jax.run import experiment
 
 
 def _random_steps(env, num_steps: int, seed: int = 0) -> list[tuple]:

@@ -12,7 +12,9 @@ import os
 import pytest
 
 from agents import dqn
-from gorila_jax import envs, experiment, parameter_server
+from gorila_jax import envs
+from gorila_jax.gorila import parameter_server
+from gorila_jax.run import experiment
 from launch import presets
 
 

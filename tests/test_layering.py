@@ -1,4 +1,5 @@
-"""The seams: the skeleton knows no agent, and every agent fills the whole builder contract."""
+"""The seams: the skeleton knows no agent, its folders import only downward, and every
+agent fills the whole builder contract."""
 
 import ast
 import inspect
@@ -26,6 +27,97 @@ def _imported_modules(path: pathlib.Path) -> set[str]:
 def test_skeleton_never_imports_agents_or_launch(path):
     offending = {m for m in _imported_modules(path) if m.split(".")[0] in ("agents", "launch")}
     assert not offending, f"{path.relative_to(REPO)} imports {offending}"
+
+
+# The skeleton's layers, lowest first: a module may import its own layer or a lower one.
+# Top-level modules are the contracts agents use; `builder` sits above replay because
+# an agent's builder names its replay tables and item codec.
+LAYERS = (
+    ("types", "parallel", "precision", "envs", "metrics"),
+    ("replay",),
+    ("builder",),
+    ("distributed",),
+    ("health",),
+    ("learning",),
+    ("gorila",),
+    ("acting",),
+    ("run",),
+)
+LAYER_OF = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
+SKELETON_FILES = sorted((REPO / "gorila_jax").rglob("*.py"))
+
+
+def _part(module: str) -> str | None:
+    """The layer name of a gorila_jax module ("gorila_jax.replay.codec" -> "replay")."""
+    pieces = module.split(".")
+    if pieces[0] != "gorila_jax" or len(pieces) < 2:
+        return None
+    return pieces[1]
+
+
+def _own_part(path: pathlib.Path) -> str:
+    relative = path.relative_to(REPO / "gorila_jax").with_suffix("")
+    return relative.parts[0]
+
+
+def test_every_skeleton_module_belongs_to_a_layer():
+    unplaced = {
+        _own_part(path) for path in SKELETON_FILES if _own_part(path) not in ("__init__",)
+    } - set(LAYER_OF)
+    assert not unplaced, f"add {unplaced} to LAYERS in tests/test_layering.py"
+
+
+@pytest.mark.parametrize("path", SKELETON_FILES, ids=str)
+def test_skeleton_imports_point_downward(path):
+    if _own_part(path) == "__init__":
+        return
+    rank = LAYER_OF[_own_part(path)]
+    upward = {
+        module
+        for module in _imported_modules(path)
+        if _part(module) is not None and LAYER_OF.get(_part(module), -1) > rank
+    }
+    assert not upward, f"{path.relative_to(REPO)} (layer {_own_part(path)}) imports {upward}"
+
+
+def test_replay_and_distribution_never_import_learning_gorila_or_run():
+    for path in SKELETON_FILES:
+        if _own_part(path) not in ("replay", "distributed"):
+            continue
+        offending = {
+            m for m in _imported_modules(path) if _part(m) in ("learning", "gorila", "run")
+        }
+        assert not offending, f"{path.relative_to(REPO)} imports {offending}"
+
+
+def test_code_outside_replay_uses_only_its_package_interface():
+    """`gorila_jax.replay` is the interface; its modules are free to change behind it."""
+    for root in ("gorila_jax", "agents", "launch", "bench", "tests"):
+        for path in (REPO / root).rglob("*.py"):
+            if path.is_relative_to(REPO / "gorila_jax" / "replay"):
+                continue
+            inner = {m for m in _imported_modules(path) if m.startswith("gorila_jax.replay.")}
+            tree = ast.parse(path.read_text())
+            inner |= {
+                f"gorila_jax.replay.{alias.name}"
+                for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module == "gorila_jax.replay"
+                for alias in node.names
+            }
+            assert not inner, f"{path.relative_to(REPO)} imports {inner}: use gorila_jax.replay"
+
+
+def _imports_ray(path: pathlib.Path) -> bool:
+    return any(m.split(".")[0] == "ray" for m in _imported_modules(path))
+
+
+def test_only_the_ray_launcher_and_placement_import_ray():
+    allowed = {
+        REPO / "gorila_jax" / "distributed" / "launchers" / "ray.py",
+        REPO / "gorila_jax" / "distributed" / "placement.py",
+    }
+    importing = {path for path in SKELETON_FILES if _imports_ray(path)}
+    assert importing <= allowed, sorted(str(p.relative_to(REPO)) for p in importing - allowed)
 
 
 def test_skeleton_never_names_an_agent():

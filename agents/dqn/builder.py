@@ -10,7 +10,7 @@ import reverb
 from agents.dqn import config as config_lib
 from agents.dqn import learning, networks, policy
 from gorila_jax import builder as builder_lib
-from gorila_jax import precision, replay, types, writers
+from gorila_jax import precision, replay, types
 
 TABLE = "priority_table"
 
@@ -75,9 +75,9 @@ class DQNBuilder:
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
-    ) -> writers.NStepAdder:
-        writer = writers.TransitionWriter(client, TABLE, stop_event=stop_event)
-        return writers.NStepAdder(
+    ) -> replay.NStepAdder:
+        writer = replay.TransitionWriter(client, TABLE, stop_event=stop_event)
+        return replay.NStepAdder(
             writer,
             self.item_codec(spec),
             num_envs,

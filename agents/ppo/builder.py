@@ -10,7 +10,7 @@ import reverb
 from agents.ppo import config as config_lib
 from agents.ppo import learning, networks, policy
 from gorila_jax import builder as builder_lib
-from gorila_jax import precision, replay, types, writers
+from gorila_jax import precision, replay, types
 
 TABLE = "trajectory_queue"
 
@@ -59,7 +59,7 @@ class PPOBuilder:
         return learning.PolicyExtras(np.float32(0), np.float32(0), raw_action)
 
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
-        example = writers.trajectory_example(
+        example = replay.trajectory_example(
             spec, self.config.trajectory_length, self._extras_example(spec)
         )
         return replay.ItemCodec(example)
@@ -74,13 +74,13 @@ class PPOBuilder:
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
-    ) -> writers.TrajectoryAdder:
+    ) -> replay.TrajectoryAdder:
         # At most one write of unconfirmed chunks: once the queue is full the
         # actor waits at its next write instead of running further ahead.
-        writer = writers.TransitionWriter(
+        writer = replay.TransitionWriter(
             client, TABLE, max_pending=max(2, num_envs), stop_event=stop_event
         )
-        return writers.TrajectoryAdder(
+        return replay.TrajectoryAdder(
             writer, self.item_codec(spec), num_envs, self.config.trajectory_length
         )
 

@@ -16,12 +16,14 @@ import pytest
 import reverb
 
 from agents import dqn, ppo, sac
-from gorila_jax import balance, elastic, envs, experiment, learner, replay, types, wiring
-from gorila_jax import writers
+from gorila_jax import envs, replay, types
+from gorila_jax.health import balance
+from gorila_jax.learning import learner
+from gorila_jax.run import elastic, experiment, wiring
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
-from tests.gorila_jax.test_fault_nodes import _run_with
 from tests.gorila_jax.test_elastic import _Actors
+from tests.gorila_jax.test_fault_nodes import _run_with
 
 
 @pytest.mark.parametrize(
@@ -342,9 +344,7 @@ def test_downweighting_lowers_the_dominant_actors_share_of_what_the_learner_samp
         return node._heartbeat_counters()  # what its heartbeats report
 
     try:
-        writer = writers.TransitionWriter(
-            reverb.Client(replay_node.address()), builder.sample_table
-        )
+        writer = replay.TransitionWriter(reverb.Client(replay_node.address()), builder.sample_table)
         for actor, count in ((0, 100), (1, 900)):
             items = codec.encode(_transitions(count, seed=actor), source=actor)
             writer.write(items, np.ones(count))

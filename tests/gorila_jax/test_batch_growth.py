@@ -8,7 +8,9 @@ import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import launchers, learner, parallel
+from gorila_jax import parallel
+from gorila_jax.distributed import launchers
+from gorila_jax.learning import learner
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 from tests.gorila_jax import test_nodes
 

@@ -18,7 +18,10 @@ import pytest
 import reverb
 
 from agents import dqn
-from gorila_jax import checkpoint, envs, experiment, launchers, replay, types, writers
+from gorila_jax import envs, replay, types
+from gorila_jax.distributed import launchers
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import experiment
 from tests import fakes
 
 SPEC = envs.env_spec("CartPole-v1")
@@ -163,7 +166,7 @@ def _fake_run(logdir, steps: list[int]) -> None:
         checkpoint_dir=checkpoint.replay_dir(logdir),
     )
     codec = builder.item_codec(SPEC)
-    writer = writers.TransitionWriter(reverb.Client(node.address()), dqn.builder.TABLE)
+    writer = replay.TransitionWriter(reverb.Client(node.address()), dqn.builder.TABLE)
     obs = SPEC.zeros_observation(10)
     zeros = np.zeros(10, np.float32)
     items = types.Transition(obs, np.zeros(10, np.int32), zeros, zeros, obs)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gorila_jax import compression
+from gorila_jax.gorila import compression
 
 SIZE = 10_000
 

@@ -14,7 +14,9 @@ import os
 import pytest
 
 from agents import dqn
-from gorila_jax import elastic, experiment, launchers, monitor, placement, program, wiring
+from gorila_jax.distributed import launchers, placement, program
+from gorila_jax.health import monitor
+from gorila_jax.run import elastic, experiment, wiring
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, SPEC, _experiment
 from tests.gorila_jax.test_fault_nodes import _RAY_SETTINGS, _env_steps, _node_status, _run_with

@@ -7,7 +7,8 @@ import jax
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, evaluation
+from gorila_jax import envs
+from gorila_jax.acting import evaluation
 from tests import fakes
 
 SPEC = envs.env_spec("CartPole-v1")

@@ -14,7 +14,11 @@ import threading
 import pytest
 
 from agents import dqn
-from gorila_jax import checkpoint, experiment, launchers, monitor, program, replay
+from gorila_jax import replay
+from gorila_jax.distributed import launchers, program
+from gorila_jax.health import monitor
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import experiment
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
 

@@ -10,7 +10,8 @@ import reverb
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import learner, parallel, replay
+from gorila_jax import parallel, replay
+from gorila_jax.learning import learner
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 
 

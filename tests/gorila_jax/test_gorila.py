@@ -12,19 +12,11 @@ import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import (
-    checkpoint,
-    compression,
-    envs,
-    experiment,
-    gorila,
-    launchers,
-    learner,
-    parallel,
-    parameter_server,
-    program,
-    replay,
-)
+from gorila_jax import envs, parallel, replay
+from gorila_jax.distributed import launchers, program
+from gorila_jax.gorila import compression, mode, parameter_server, shard_node, workers
+from gorila_jax.learning import checkpoint, learner
+from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
 
 SPEC = envs.env_spec("CartPole-v1")
@@ -44,13 +36,13 @@ def _gorila_program(
     with graph.group("parameter_server"):
         shards = [
             graph.add_node(
-                gorila.ParameterShardNode, builder, SPEC, SEED, index, num_shards, max_staleness
+                shard_node.ParameterShardNode, builder, SPEC, SEED, index, num_shards, max_staleness
             )
             for index in range(num_shards)
         ]
     with graph.group("gradient_worker"):
         graph.add_node(
-            gorila.GradientWorkerNode,
+            workers.GradientWorkerNode,
             builder,
             SPEC,
             replay_node,
@@ -117,7 +109,7 @@ def test_gradients_on_stale_parameters_are_dropped_and_counted():
 def test_loss_outliers_are_dropped_after_warmup_and_do_not_widen_the_band():
     rng = np.random.default_rng(0)
     losses = rng.normal(1.0, 0.1, 300)
-    filter_ = gorila.LossOutlierFilter(num_stds=4.0, warmup=100)
+    filter_ = workers.LossOutlierFilter(num_stds=4.0, warmup=100)
     assert all(filter_.accept(float(loss)) for loss in losses[:100])  # warm-up: all pass
     accepted_after = [filter_.accept(float(loss)) for loss in losses[100:]]
     assert sum(accepted_after) >= 198  # 4 stds: almost nothing normal is dropped
@@ -167,7 +159,7 @@ def test_versions_count_each_update_once_under_pushes_from_three_processes(ray_o
     size = _shard_layout(1).size
     graph = program.Program("shard-concurrency")
     with graph.group("parameter_server", program.Resources(num_cpus=0.5)):
-        shard = graph.add_node(gorila.ParameterShardNode, builder, SPEC, SEED, 0, 1, -1)
+        shard = graph.add_node(shard_node.ParameterShardNode, builder, SPEC, SEED, 0, 1, -1)
     with graph.group("pusher", program.Resources(num_cpus=0.5)):
         for seed in range(3):
             graph.add_node(_Pusher, shard, size, seed)
@@ -308,7 +300,7 @@ def test_a_restored_shard_serves_the_checkpoint_even_to_readers_holding_newer_ve
         replacement = program.Program("replacement")
         with replacement.group("parameter_server"):
             replacement.add_node(
-                gorila.ParameterShardNode,
+                shard_node.ParameterShardNode,
                 builder,
                 SPEC,
                 SEED,
@@ -337,7 +329,7 @@ def test_a_restored_shard_serves_the_checkpoint_even_to_readers_holding_newer_ve
 def test_a_restarted_shard_without_a_checkpoint_fails_instead_of_starting_over(tmp_path):
     builder = dqn.DQNBuilder(CONFIG)
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint to restore"):
-        gorila.ParameterShardNode(
+        shard_node.ParameterShardNode(
             builder, SPEC, SEED, 0, 2, -1, checkpoint_dir=str(tmp_path), restore_step=learner.NEWEST
         )
 
@@ -350,15 +342,15 @@ def test_gorila_figures_sum_over_workers():
         "worker1/staleness_sum": 25, "worker1/bytes_sent": 3000, "worker1/dropped_nonfinite": 4,
         "shard0/updates_per_s": 12.5, "loss": 0.3,
     }  # fmt: skip
-    totals = gorila.summarize(reported)
+    totals = mode.summarize(reported)
     assert totals["gradients_applied"] == 38
     assert totals["dropped_stale"] == 2
     assert totals["dropped_outlier"] == 1 and totals["dropped_nonfinite"] == 4
     assert totals["mean_staleness"] == 40 / 40
     assert totals["bytes_per_update"] == 4000 / 40
-    line = gorila.progress_suffix({**reported, **totals})
+    line = mode.progress_suffix({**reported, **totals})
     assert "applied 38" in line and "12.5" in line
-    assert gorila.summarize({"loss": 0.3}) == {}  # sync mode: no Gorila columns
+    assert mode.summarize({"loss": 0.3}) == {}  # sync mode: no Gorila columns
 
 
 class _WholeStepOnly(dqn.DQNBuilder):
@@ -371,8 +363,8 @@ class _WholeStepOnly(dqn.DQNBuilder):
 
 def test_gorila_mode_refuses_an_agent_without_a_single_gradient():
     with pytest.raises(ValueError, match="learner_mode=gorila needs an agent"):
-        gorila.check_agent(_WholeStepOnly(CONFIG), SPEC)
-    gorila.check_agent(dqn.DQNBuilder(CONFIG), SPEC)  # DQN's update is one gradient
+        mode.check_agent(_WholeStepOnly(CONFIG), SPEC)
+    mode.check_agent(dqn.DQNBuilder(CONFIG), SPEC)  # DQN's update is one gradient
 
 
 def test_a_workers_fp16_loss_scale_grows_after_finite_gradients_and_halves_on_overflow():

@@ -9,7 +9,8 @@ import signal
 import pytest
 
 from agents import dqn
-from gorila_jax import checkpoint, replay
+from gorila_jax import replay
+from gorila_jax.learning import checkpoint
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
 from tests.gorila_jax.test_fault_nodes import (

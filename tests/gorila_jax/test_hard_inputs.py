@@ -18,7 +18,9 @@ import reverb
 import tensorflow as tf
 
 from agents import dqn
-from gorila_jax import checkpoint, experiment, learner, replay, writers
+from gorila_jax import replay
+from gorila_jax.learning import checkpoint, learner
+from gorila_jax.run import experiment
 
 TABLE = "transitions"
 CODEC = replay.ItemCodec({"observation": np.zeros(4, np.float32), "action": np.int32(0)})
@@ -45,7 +47,7 @@ def _tables():
 
 def test_a_mis_shaped_item_is_rejected_at_insert_naming_the_table_and_shapes():
     server = reverb.Server(_tables())
-    writer = writers.TransitionWriter(reverb.Client(f"localhost:{server.port}"), TABLE)
+    writer = replay.TransitionWriter(reverb.Client(f"localhost:{server.port}"), TABLE)
     try:
         # Reverb checks every item against the table's signature: the bad item
         # never reaches replay, and the actor that wrote it fails with this error.
@@ -66,7 +68,7 @@ def test_sampled_items_of_another_layout_fail_to_decode_naming_the_table_and_sha
     limiter = reverb.rate_limiters.MinSize(1)
     server = reverb.Server([replay.uniform_table(TABLE, 100, limiter, OTHER_CODEC.signature())])
     address = f"localhost:{server.port}"
-    writer = writers.TransitionWriter(reverb.Client(address), TABLE)
+    writer = replay.TransitionWriter(reverb.Client(address), TABLE)
     try:
         writer.write(_items(OTHER_CODEC, 8), np.ones(8))
         writer.flush()
@@ -154,7 +156,7 @@ def _lazy(make_batches):
 def _checkpointed_node(checkpoint_dir: str, steps: list[int]) -> None:
     """Replay checkpoints at `steps`, the one at steps[i] holding 10 * (i + 1) items."""
     node = replay.ReplayNode(_tables, checkpoint_dir=checkpoint_dir)
-    writer = writers.TransitionWriter(reverb.Client(node.address()), TABLE)
+    writer = replay.TransitionWriter(reverb.Client(node.address()), TABLE)
     try:
         for step in steps:
             writer.write(_items(CODEC, 10), np.ones(10))

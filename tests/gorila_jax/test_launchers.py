@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from gorila_jax import launchers, program
+from gorila_jax.distributed import launchers, program
 from tests import fakes
 
 

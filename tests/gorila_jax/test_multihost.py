@@ -21,7 +21,9 @@ import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import checkpoint, envs, learner, multihost, parallel, types
+from gorila_jax import envs, parallel, types
+from gorila_jax.distributed import multihost
+from gorila_jax.learning import checkpoint, learner
 
 ENV_ID = "CartPole-v1"
 SEED = 5

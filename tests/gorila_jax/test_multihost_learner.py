@@ -14,7 +14,11 @@ import signal
 import pytest
 
 from agents import dqn
-from gorila_jax import checkpoint, envs, experiment, learner, monitor, multihost
+from gorila_jax import envs
+from gorila_jax.distributed import multihost
+from gorila_jax.health import monitor
+from gorila_jax.learning import checkpoint, learner
+from gorila_jax.run import experiment
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
 from tests.gorila_jax.test_fault_nodes import (

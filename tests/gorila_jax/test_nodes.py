@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 from agents import dqn
-from gorila_jax import actor, envs, launchers, learner, program, replay
+from gorila_jax import envs, replay
+from gorila_jax.acting import actor
+from gorila_jax.distributed import launchers, program
+from gorila_jax.learning import learner
 from tests import fakes
 
 SPEC = envs.env_spec("CartPole-v1")

@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 
 from agents import dqn
-from gorila_jax import checkpoint, envs, experiment, monitor, param_cache, placement, program
+from gorila_jax import envs
+from gorila_jax.acting import param_cache
+from gorila_jax.distributed import placement, program
+from gorila_jax.health import monitor
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import experiment
 from tests import fakes
 from tests.gorila_jax.test_placement import placed_nodes
 from tests.gorila_jax.test_sharded_replay import saved_shard_use

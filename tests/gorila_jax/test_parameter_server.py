@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from gorila_jax import compression, parameter_server
+from gorila_jax.gorila import compression, parameter_server, shard_node
 
 UNBALANCED = {
     "big": np.arange(3136 * 64, dtype=np.float32).reshape(3136, 64),
@@ -125,12 +125,12 @@ class _Reports:
 
 def test_a_shard_node_counts_the_parameter_bytes_it_serves_and_reports_them_per_version():
     from agents import dqn
-    from gorila_jax import envs, gorila
+    from gorila_jax import envs
     from tests import fakes
     from tests.agents.dqn.test_learning import TINY
 
     reports = _Reports()
-    node = gorila.ParameterShardNode(
+    node = shard_node.ParameterShardNode(
         dqn.DQNBuilder(TINY),
         envs.env_spec("CartPole-v1"),
         0,

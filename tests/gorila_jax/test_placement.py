@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gorila_jax import placement, program
+from gorila_jax.distributed import placement, program
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Logical resources of the simulated nodes; one machine runs them all.
@@ -76,7 +76,8 @@ def _sharded_replay_program() -> program.Program:
     """The Gorila graph of a run with 2 replay shards and 4 actors: each shard (0.5 CPU) and
     its two actors (0.75 each) fill one 2-CPU node exactly; the learner takes 1 CPU."""
     from agents import dqn
-    from gorila_jax import envs, experiment
+    from gorila_jax import envs
+    from gorila_jax.run import experiment
 
     cfg = experiment.ExperimentConfig(
         launcher="ray",
@@ -251,7 +252,7 @@ def _learner_graph() -> program.Program:
 def test_the_ray_launcher_spreads_a_learner_group_and_releases_its_reservation(cluster):
     import ray
 
-    from gorila_jax import launchers
+    from gorila_jax.distributed import launchers
 
     def reserved_for_this_program() -> list[str]:
         return [
@@ -270,7 +271,7 @@ def test_the_ray_launcher_spreads_a_learner_group_and_releases_its_reservation(c
 
 @pytest.mark.timeout(60)
 def test_the_ray_launcher_refuses_an_impossible_program_at_once(cluster):
-    from gorila_jax import launchers
+    from gorila_jax.distributed import launchers
 
     gpu_learners = _graph({"learner": (program.Resources(num_gpus=1), 2)})
     with pytest.raises(placement.UnplaceableError, match="group 'learner' asks for 1 GPU"):
@@ -284,7 +285,8 @@ def test_a_learner_whose_node_is_removed_is_restarted_by_the_supervisor_on_a_liv
     re-reserves), runs on a surviving node. Runs last: it shrinks the shared cluster."""
     import ray
 
-    from gorila_jax import launchers, monitor
+    from gorila_jax.distributed import launchers
+    from gorila_jax.health import monitor
 
     _wait_until_idle()
     with launchers.launch(_learner_graph(), "ray") as running:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gorila_jax import program
+from gorila_jax.distributed import program
 from tests import fakes
 
 

@@ -7,7 +7,7 @@ import pytest
 import reverb
 import tensorflow as tf
 
-from gorila_jax import replay, types, writers
+from gorila_jax import replay, types
 
 TABLE = "table"
 
@@ -32,7 +32,7 @@ def _server(limiter, max_size: int = 1000) -> reverb.Server:
 
 
 def _write(client: reverb.Client, transitions: types.Transition) -> None:
-    writer = writers.TransitionWriter(client, TABLE)
+    writer = replay.TransitionWriter(client, TABLE)
     writer.write(CODEC.encode(transitions), np.ones(len(transitions.reward)))
     writer.flush()
 
@@ -108,7 +108,7 @@ def test_sampled_batches_name_the_actor_of_every_item(server):
     written = _transitions(60)
     first, second = (types.Transition(*(x[a:b] for x in written)) for a, b in ((0, 20), (20, 60)))
     for transitions, actor in ((first, 3), (second, 11)):  # two actors, through a real writer
-        writer = writers.TransitionWriter(client, TABLE)
+        writer = replay.TransitionWriter(client, TABLE)
         writer.write(CODEC.encode(transitions, source=actor), np.ones(len(transitions.reward)))
         writer.flush()
     batch = next(replay.batches(address, TABLE, batch_size=64, codec=CODEC))
@@ -148,12 +148,12 @@ def test_rate_limiter_blocks_inserts_that_run_ahead_of_samples():
         inserted = []
 
         def write_forever():
-            writer = writers.TransitionWriter(client, TABLE, max_pending=2, stop_event=stop)
+            writer = replay.TransitionWriter(client, TABLE, max_pending=2, stop_event=stop)
             try:
                 for i in range(10_000):
                     writer.write(CODEC.encode(_transitions(1, seed=i)), np.ones(1))
                     inserted.append(i)
-            except writers.Stopped:
+            except replay.Stopped:
                 pass
 
         thread = threading.Thread(target=write_forever)

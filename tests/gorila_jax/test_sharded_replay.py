@@ -16,18 +16,11 @@ from reverb.cc.checkpointing import checkpoint_pb2
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import (
-    actor,
-    checkpoint,
-    envs,
-    experiment,
-    launchers,
-    learner,
-    program,
-    replay,
-    sharded_replay,
-    writers,
-)
+from gorila_jax import envs, replay
+from gorila_jax.acting import actor
+from gorila_jax.distributed import launchers, program
+from gorila_jax.learning import checkpoint, learner
+from gorila_jax.run import experiment
 
 TABLE = "table"
 EXPONENT = 0.6
@@ -68,7 +61,7 @@ def _tables(max_size: int = 1000):
 def _fill(node: replay.ReplayNode, shard: int, priorities: np.ndarray) -> None:
     count = len(priorities)
     items = np.stack([np.full(count, shard), np.arange(count), priorities], axis=1)
-    writer = writers.TransitionWriter(reverb.Client(node.address()), TABLE)
+    writer = replay.TransitionWriter(reverb.Client(node.address()), TABLE)
     try:
         writer.write(CODEC.encode(items), priorities)
         writer.flush()
@@ -85,7 +78,7 @@ def two_shards():
 
 
 def _batches(
-    sampler: sharded_replay.ShardedSampler,
+    sampler: replay.ShardedSampler,
     batch_size: int,
     timeout_s: float = 120.0,
     retry_unreachable: bool = False,
@@ -106,7 +99,7 @@ def _batches(
                 raise
 
 
-def _rows(sampler: sharded_replay.ShardedSampler, batch_size: int, count: int) -> list:
+def _rows(sampler: replay.ShardedSampler, batch_size: int, count: int) -> list:
     batches = list(itertools.islice(_batches(sampler, batch_size), count))
     assert len(batches) == count, f"{len(batches)} of {count} batches within the timeout"
     return batches
@@ -116,7 +109,7 @@ def test_sampling_covers_the_shards_in_proportion_to_their_priority_mass(two_sha
     # Mass = sum of priority**alpha: 100 * 1 on shard 0, 100 * 3 on shard 1.
     _fill(two_shards[0], 0, np.ones(100))
     _fill(two_shards[1], 1, np.full(100, 3.0 ** (1 / EXPONENT)))
-    with sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=0) as sampler:
+    with replay.ShardedSampler(two_shards, TABLE, CODEC, seed=0) as sampler:
         batches = _rows(sampler, 64, 100)
         shards = np.concatenate([batch.shards for batch in batches])
         # Each row's shard is the one its item was written to.
@@ -133,7 +126,7 @@ def test_rows_carry_global_probabilities_and_the_total_table_size(two_shards):
     _fill(two_shards[0], 0, priorities[:30])
     _fill(two_shards[1], 1, priorities[30:])
     total_mass = np.sum(priorities**EXPONENT)
-    with sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=1) as sampler:
+    with replay.ShardedSampler(two_shards, TABLE, CODEC, seed=1) as sampler:
         for batch in _rows(sampler, 32, 20):
             row_priority = batch.data[:, 2]
             np.testing.assert_allclose(
@@ -147,7 +140,7 @@ def test_rows_carry_global_probabilities_and_the_total_table_size(two_shards):
 
 def test_one_shard_gives_reverb_batches_unchanged(two_shards):
     _fill(two_shards[0], 0, np.arange(1.0, 51.0))
-    with sharded_replay.ShardedSampler(two_shards[:1], TABLE, CODEC) as sampler:
+    with replay.ShardedSampler(two_shards[:1], TABLE, CODEC) as sampler:
         batch = _rows(sampler, 16, 1)[0]
         assert batch.shards is None  # plain keys for priority updates, as before sharding
         assert isinstance(replay.row_keys(batch), np.ndarray)
@@ -174,7 +167,7 @@ def test_uniform_and_queue_tables_sample_across_shards_too():
         for shard, count in ((0, 30), (1, 90)):
             _fill(uniform[shard], shard, np.ones(count))
             _fill(queues[shard], shard, np.ones(40))
-        with sharded_replay.ShardedSampler(uniform, TABLE, CODEC, seed=3) as sampler:
+        with replay.ShardedSampler(uniform, TABLE, CODEC, seed=3) as sampler:
             batches = _rows(sampler, 40, 50)
             for batch in batches:
                 np.testing.assert_allclose(batch.probabilities, 1 / 120, 1e-12)
@@ -182,7 +175,7 @@ def test_uniform_and_queue_tables_sample_across_shards_too():
             shards = np.concatenate([batch.shards for batch in batches])
             assert abs(np.mean(shards == 1) - 0.75) < 0.04, np.mean(shards == 1)
 
-        with sharded_replay.ShardedSampler(queues, TABLE, CODEC, seed=4) as sampler:
+        with replay.ShardedSampler(queues, TABLE, CODEC, seed=4) as sampler:
             items = np.concatenate([b.data for b in _rows(sampler, 10, 6)])  # 60 of the 80
             pairs = {(int(shard), int(index)) for shard, index, _ in items}
             assert len(pairs) == 60, "an item of a queue came out twice"
@@ -217,7 +210,7 @@ def _priorities_on(node: replay.ReplayNode, count: int) -> dict[int, float]:
 def test_priority_updates_reach_the_shard_that_owns_the_item_and_no_other(two_shards):
     _fill(two_shards[0], 0, np.ones(20))
     _fill(two_shards[1], 1, np.ones(20))
-    with sharded_replay.ShardedSampler(two_shards, TABLE, CODEC, seed=2) as sampler:
+    with replay.ShardedSampler(two_shards, TABLE, CODEC, seed=2) as sampler:
         batch = _rows(sampler, 24, 1)[0]
         assert set(batch.shards.tolist()) == {0, 1}
         clients = [_RecordingClient(node.address()) for node in two_shards]
@@ -251,7 +244,7 @@ def test_a_shard_restarted_at_another_address_is_sampled_again():
     try:
         for index, shard in enumerate(shards):
             _fill(shard.node, index, np.ones(50))
-        with sharded_replay.ShardedSampler(
+        with replay.ShardedSampler(
             shards, TABLE, CODEC, probe_after_s=1.0, rate_limiter_timeout_ms=200
         ) as sampler:
             _rows(sampler, 16, 1)
@@ -276,14 +269,14 @@ def test_each_shard_keeps_its_share_of_the_tables():
     spec = envs.env_spec("CartPole-v1")
     make_tables = functools.partial(dqn.DQNBuilder(config).replay_tables, spec)
     (whole,) = make_tables()
-    (shard,) = sharded_replay.shard_tables(make_tables, 4)
+    (shard,) = replay.shard_tables(make_tables, 4)
     assert shard.info.max_size == 250
     assert shard.info.rate_limiter_info.min_size_to_sample == 25
     assert shard.info.sampler_options == whole.info.sampler_options
     limits = shard.info.rate_limiter_info
     assert limits.samples_per_insert == whole.info.rate_limiter_info.samples_per_insert
     assert limits.max_diff - limits.min_diff >= 2 * max(1, limits.samples_per_insert)
-    queue = sharded_replay.shard_tables(lambda: [replay.queue_table("q", 64, None)], 4)[0]
+    queue = replay.shard_tables(lambda: [replay.queue_table("q", 64, None)], 4)[0]
     assert queue.info.max_size == 16 and queue.info.max_times_sampled == 1
     assert queue.info.rate_limiter_info.max_diff == 16  # a full queue still holds its writers
 
@@ -325,7 +318,7 @@ def _actor_program(budgets: dict[int, int]) -> program.Program:
     builder = dqn.DQNBuilder(CONFIG)
     graph = program.Program("shards")
     make_tables = functools.partial(
-        sharded_replay.shard_tables, functools.partial(builder.replay_tables, SPEC), 2
+        replay.shard_tables, functools.partial(builder.replay_tables, SPEC), 2
     )
     with graph.group("replay"):
         shards = [graph.add_node(replay.ReplayNode, make_tables) for _ in range(2)]

@@ -21,7 +21,7 @@ import threading
 import pytest
 
 from agents import dqn
-from gorila_jax import experiment
+from gorila_jax.run import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

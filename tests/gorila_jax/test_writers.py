@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import reverb
 
-from gorila_jax import replay, writers
+from gorila_jax import replay
 
 GAMMA = 0.5
 
@@ -38,7 +38,7 @@ def test_three_step_returns_termination_truncation_and_resets():
     #        (final observation 4); its 5th step is envpool's reset step (invalid).
     # env 1: observations 10,11 with rewards 10,20, truncated after the 2nd step
     #        (final observation 12); its 3rd step is the reset step; then 20 -> 21.
-    acc = writers.NStepAccumulator(num_envs=2, n=3, discount=GAMMA)
+    acc = replay.NStepAccumulator(num_envs=2, n=3, discount=GAMMA)
     out = [
         _step(acc, [0, 10], [0, 1], [1, 10], [0, 0], [0, 0], [1, 11], [1, 1]),
         _step(acc, [1, 11], [1, 0], [2, 20], [0, 0], [0, 1], [2, 12], [1, 1]),
@@ -66,7 +66,7 @@ def test_three_step_returns_termination_truncation_and_resets():
 
 
 def test_one_step_transitions_leave_at_once():
-    acc = writers.NStepAccumulator(num_envs=1, n=1, discount=0.9)
+    acc = replay.NStepAccumulator(num_envs=1, n=1, discount=0.9)
     assert _rows(_step(acc, [0], [1], [2], [0], [0], [1], [1])) == [
         (0, 1, 2, pytest.approx(0.9), 1)
     ]
@@ -76,14 +76,14 @@ def test_one_step_transitions_leave_at_once():
 @pytest.mark.parametrize("n, discount", [(0, 0.9), (3, 1.5)])
 def test_bad_settings_are_rejected(n, discount):
     with pytest.raises(ValueError):
-        writers.NStepAccumulator(num_envs=1, n=n, discount=discount)
+        replay.NStepAccumulator(num_envs=1, n=n, discount=discount)
 
 
 def test_vectorized_matches_a_per_env_reference():
     """Random episodes in 5 envs: the ring-buffer result equals a plain per-env loop."""
     rng = np.random.default_rng(7)
     num_envs, n, gamma, steps = 5, 3, 0.9, 200
-    acc = writers.NStepAccumulator(num_envs, n, gamma)
+    acc = replay.NStepAccumulator(num_envs, n, gamma)
     held = [[] for _ in range(num_envs)]
     expected, got = [], []
     obs = rng.normal(size=num_envs).astype(np.float32)
@@ -131,7 +131,7 @@ def test_a_writer_follows_a_replay_node_restarted_at_another_address():
 
     old, new = server(), server()
     node = _MovingReplayNode(f"localhost:{old.port}")
-    writer = writers.TransitionWriter(
+    writer = replay.TransitionWriter(
         replay.ReplayClient(node), "t", max_pending=4, probe_after_s=0.5
     )
     items = codec.encode(np.ones((4, 4), np.float32))

@@ -12,7 +12,10 @@ import pytest
 from PIL import Image
 
 from agents import dqn
-from gorila_jax import checkpoint, envs, evaluation, experiment
+from gorila_jax import envs
+from gorila_jax.acting import evaluation
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = envs.env_spec("CartPole-v1")

@@ -21,8 +21,10 @@ from absl import flags
 
 from agents import dqn
 from gorila_jax import envs
-from launch import presets
-from launch import train  # noqa: F401  defines the flags the recipes must use
+from launch import (
+    presets,
+    train,  # noqa: F401  defines the flags the recipes must use
+)
 
 RECIPES = pathlib.Path(__file__).resolve().parents[2] / "launch" / "recipes"
 DOCS = sorted(RECIPES.rglob("*.md"))

@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from gorila_jax import experiment
+from gorila_jax.run import experiment
 from launch import presets, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

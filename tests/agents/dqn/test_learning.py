@@ -14,7 +14,8 @@ import pytest
 from agents import dqn
 from agents.dqn import learning, networks, policy
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, learner, parallel, precision, types
+from gorila_jax import envs, parallel, precision, types
+from gorila_jax.learning import learner
 
 SPEC = envs.env_spec("CartPole-v1")
 TINY = dataclasses.replace(

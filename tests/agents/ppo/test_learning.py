@@ -14,7 +14,8 @@ import pytest
 from agents import ppo
 from agents.ppo import learning, networks
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, learner, parallel, types
+from gorila_jax import envs, parallel, types
+from gorila_jax.learning import learner
 
 CARTPOLE = envs.env_spec("CartPole-v1")
 PENDULUM = envs.env_spec("Pendulum-v1")

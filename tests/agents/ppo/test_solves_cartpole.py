@@ -10,7 +10,7 @@ import math
 import pytest
 
 from agents import ppo
-from gorila_jax import experiment
+from gorila_jax.run import experiment
 from launch import ppo_presets
 
 

@@ -10,7 +10,10 @@ import reverb
 
 from agents import ppo
 from agents.ppo import learning
-from gorila_jax import actor, envs, launchers, learner, program, replay, types, writers
+from gorila_jax import envs, replay, types
+from gorila_jax.acting import actor
+from gorila_jax.distributed import launchers, program
+from gorila_jax.learning import learner
 from tests import fakes
 
 SPEC = envs.env_spec("CartPole-v1")
@@ -55,7 +58,7 @@ def test_chunks_hold_every_step_and_share_their_boundary_observation():
     builder = ppo.PPOBuilder(dataclasses.replace(ppo.PPOConfig(), trajectory_length=3))
     codec = builder.item_codec(SPEC)
     recorder = RecordingWriter()
-    adder = writers.TrajectoryAdder(recorder, codec, num_envs=2, length=3)
+    adder = replay.TrajectoryAdder(recorder, codec, num_envs=2, length=3)
     # env 0 terminates at step 1 (step 2 is its reset step); env 1 is truncated
     # at step 3 (step 4 is its reset step); parameters change at step 4.
     steps = [

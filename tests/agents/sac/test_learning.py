@@ -14,7 +14,8 @@ import pytest
 from agents import sac
 from agents.sac import learning, policy
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, learner, parallel, types
+from gorila_jax import envs, parallel, types
+from gorila_jax.learning import learner
 
 SPEC = envs.env_spec("Pendulum-v1")  # 3 observations, 1 action in [-2, 2]
 TINY = dataclasses.replace(sac.SACConfig(), hidden_sizes=(32, 32), batch_size=64)

@@ -10,7 +10,8 @@ import numpy as np
 import reverb
 
 from agents import sac
-from gorila_jax import envs, learner, replay, types
+from gorila_jax import envs, replay, types
+from gorila_jax.learning import learner
 
 SPEC = envs.env_spec("HalfCheetah-v5")  # float64 observations [17], float32 actions [6]
 CONFIG = dataclasses.replace(

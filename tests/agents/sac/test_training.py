@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from agents import sac
-from gorila_jax import experiment
+from gorila_jax.run import experiment
 from launch import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -5,7 +5,7 @@ import os
 import time
 from typing import Any, Callable
 
-from gorila_jax import program as program_lib
+from gorila_jax.distributed import program as program_lib
 
 
 def close_stages(specs: list[program_lib.NodeSpec]) -> list[list[program_lib.NodeSpec]]:

@@ -30,7 +30,7 @@ import os
 import time
 from typing import Any, Callable
 
-from gorila_jax import balance as balance_lib
+from gorila_jax.health import balance as balance_lib
 
 CONTROL_DIR = "control"
 NUM_ACTORS_FILE = "num_actors"

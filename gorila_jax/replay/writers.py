@@ -8,7 +8,8 @@ import numpy as np
 import reverb
 import tree
 
-from gorila_jax import replay, types
+from gorila_jax import types
+from gorila_jax.replay import codec
 
 
 class NStepAccumulator:
@@ -114,7 +115,7 @@ class TransitionWriter:
     items are in flight (Reverb warns about unconfirmed items beyond ~50),
     and it is where the table's rate limiter pushes back on a fast actor.
 
-    A writer whose client is a `replay.ReplayClient` follows a replay node
+    A writer whose client is a `server.ReplayClient` follows a replay node
     that was restarted at another address: when a flush has been blocked for
     `probe_after_s` and the server does not answer, it asks the node where
     it serves now and, if that changed, writes there (the items still
@@ -180,7 +181,7 @@ class TransitionWriter:
 
         A server that answers only holds our inserts back (its rate limiter):
         nothing to do. One that does not answer is asked for again through
-        the replay node (`replay.ReplayClient`), which waits for a restart.
+        the replay node (`server.ReplayClient`), which waits for a restart.
         """
         current_address = getattr(self._client, "current_address", None)
         if current_address is None:
@@ -228,7 +229,7 @@ class NStepAdder:
     def __init__(
         self,
         writer: TransitionWriter,
-        codec: replay.ItemCodec,
+        codec: codec.ItemCodec,
         num_envs: int,
         n: int,
         discount: float,
@@ -306,7 +307,7 @@ class TrajectoryAdder:
     """
 
     def __init__(
-        self, writer: TransitionWriter, codec: replay.ItemCodec, num_envs: int, length: int
+        self, writer: TransitionWriter, codec: codec.ItemCodec, num_envs: int, length: int
     ):
         if length < 1:
             raise ValueError(f"trajectory length must be positive, got {length}")

@@ -32,8 +32,10 @@ import jax
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import parameter_server, program, types
-from gorila_jax import monitor as monitor_lib
+from gorila_jax import types
+from gorila_jax.distributed import program
+from gorila_jax.gorila import parameter_server
+from gorila_jax.health import monitor as monitor_lib
 
 GROUP = "param_cache"
 

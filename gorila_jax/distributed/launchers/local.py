@@ -11,8 +11,8 @@ import threading
 import traceback
 from typing import Any
 
-from gorila_jax import program as program_lib
-from gorila_jax.launchers import base
+from gorila_jax.distributed import program as program_lib
+from gorila_jax.distributed.launchers import base
 
 _CONSTRUCT_TIMEOUT_S = 600.0
 _JOIN_TIMEOUT_S = 60.0

@@ -9,11 +9,15 @@ from typing import Any
 
 import portpicker
 
-from gorila_jax import actor, balance, checkpoint, evaluation, gorila, learner, monitor, multihost
 from gorila_jax import builder as builder_lib
-from gorila_jax import param_cache, replay, sharded_replay, types
-from gorila_jax import program as program_lib
-from gorila_jax.experiment_config import ExperimentConfig
+from gorila_jax import replay, types
+from gorila_jax.acting import actor, evaluation, param_cache
+from gorila_jax.distributed import multihost
+from gorila_jax.distributed import program as program_lib
+from gorila_jax.gorila import mode
+from gorila_jax.health import balance, monitor
+from gorila_jax.learning import checkpoint, learner
+from gorila_jax.run.experiment_config import ExperimentConfig
 
 
 def make_program(
@@ -42,7 +46,7 @@ def make_program(
         monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
     restored_counters = meta.get("node_counters", {})
     if cfg.learner_mode == "gorila":
-        shards = gorila.add_nodes(
+        shards = mode.add_nodes(
             program,
             builder,
             cfg,
@@ -158,7 +162,7 @@ def _add_actors_and_evaluator(
             handle = program.add_node(actor.ActorNode, *args, **kwargs)
             if isinstance(replay_node, list) and len(replay_node) > 1 and not caches:
                 # Placed beside the shard it writes to (a cache's actors go with the cache).
-                shard = sharded_replay.assigned_shard(index, len(replay_node))
+                shard = replay.assigned_shard(index, len(replay_node))
                 program.node(handle.name).near = replay_node[shard].name
             # A replacement acts with the same index (seed offset) and config,
             # and continues the counters (and exploration schedule) it reported last.
@@ -264,7 +268,7 @@ def _add_replay_shards(
     num_shards = cfg.num_replay_shards
     make_tables = functools.partial(builder.replay_tables, spec)
     if num_shards > 1:
-        make_tables = functools.partial(sharded_replay.shard_tables, make_tables, num_shards)
+        make_tables = functools.partial(replay.shard_tables, make_tables, num_shards)
     # One port per shard for the whole run: a restarted shard serves at the
     # same address, and Reverb's clients reconnect to it by themselves.
     ports = [cfg.replay_port + shard for shard in range(num_shards)] if cfg.replay_port else []
@@ -379,7 +383,7 @@ def set_sample_weights(running: Any, weights: dict[int, float]) -> None:
 
 def _written_shard(actor_name: str, num_shards: int) -> int:
     """The replay shard actor `actor_name` ("actor/<index>") writes to."""
-    return sharded_replay.assigned_shard(balance.actor_index(actor_name), num_shards)
+    return replay.assigned_shard(balance.actor_index(actor_name), num_shards)
 
 
 def actor_sources(running: Any) -> tuple:

@@ -16,12 +16,17 @@ import threading
 import time
 from typing import Any, Iterator
 
-from gorila_jax import balance, checkpoint, elastic, envs, evaluation, gorila, launchers
-from gorila_jax import metrics, monitor, parameter_server, types
 from gorila_jax import builder as builder_lib
-from gorila_jax import program as program_lib
-from gorila_jax.experiment_config import LEARNER_MODES, ExperimentConfig
-from gorila_jax.wiring import add_actor, make_program, remove_actor, set_sample_weights
+from gorila_jax import envs, metrics, types
+from gorila_jax.acting import evaluation
+from gorila_jax.distributed import launchers
+from gorila_jax.distributed import program as program_lib
+from gorila_jax.gorila import mode, parameter_server, shard_node
+from gorila_jax.health import balance, monitor
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import elastic
+from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
+from gorila_jax.run.wiring import add_actor, make_program, remove_actor, set_sample_weights
 
 __all__ = [
     "LEARNER_MODES",
@@ -50,7 +55,7 @@ def _row(snapshot: dict[str, Any], previous: dict[str, Any], elapsed: float) -> 
         "env_steps_per_s": (snapshot["env_steps"] - previous["env_steps"]) / interval,
         "learner_steps_per_s": (snapshot["learner_steps"] - previous["learner_steps"]) / interval,
         **snapshot["metrics"],
-        **gorila.summarize(snapshot["metrics"]),
+        **mode.summarize(snapshot["metrics"]),
     }
 
 
@@ -141,7 +146,7 @@ def _drive(
                 )
                 row = {**_row(snapshot, previous, elapsed), **scaler.row_fields()}
                 logger.write(row)
-                print(metrics.progress_line(row) + gorila.progress_suffix(row), flush=True)
+                print(metrics.progress_line(row) + mode.progress_suffix(row), flush=True)
                 previous = row
     except KeyboardInterrupt:
         return "interrupted"
@@ -284,7 +289,9 @@ def run_experiment(
     spec = envs.env_spec(cfg.env_id)
     builder.validate(cfg.num_learner_devices or 1, spec)
     if cfg.learner_mode == "gorila":
-        template = lambda: gorila.checkpoint_template(builder, spec, cfg.seed, cfg.num_ps_shards)  # noqa: E731
+        template = lambda: shard_node.checkpoint_template(
+            builder, spec, cfg.seed, cfg.num_ps_shards
+        )  # noqa: E731
     else:
         template = lambda: builder_lib.initial_train_state(builder, spec, cfg.seed)  # noqa: E731
     resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)

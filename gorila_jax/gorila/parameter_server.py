@@ -18,7 +18,9 @@ import numpy as np
 import optax
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import compression, program, types
+from gorila_jax import types
+from gorila_jax.distributed import program
+from gorila_jax.gorila import compression
 
 
 class ShardLayout:

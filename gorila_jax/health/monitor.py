@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from gorila_jax import program as program_lib
+from gorila_jax.distributed import program as program_lib
 
 
 class MonitorNode:

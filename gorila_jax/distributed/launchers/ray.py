@@ -13,6 +13,7 @@ direction.
 import concurrent.futures
 import logging
 import os
+import pathlib
 import socket
 import threading
 import time
@@ -22,11 +23,11 @@ from typing import Any
 import ray
 import ray.exceptions
 
-from gorila_jax import placement as placement_lib
-from gorila_jax import program as program_lib
-from gorila_jax.launchers import base
+from gorila_jax.distributed import placement as placement_lib
+from gorila_jax.distributed import program as program_lib
+from gorila_jax.distributed.launchers import base
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 # Enough threads that a node's run loop never starves its client calls.
 _MAX_CONCURRENCY = 32
 _STOP_TIMEOUT_S = 60.0

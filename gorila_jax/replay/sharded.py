@@ -11,7 +11,7 @@ table's mass, but its prioritized sampler gives each sampled item
 `probability = priority**alpha / M_k`, so every sample of shard k tells M_k
 exactly (priority**alpha / probability). The sampler keeps the estimate of
 each shard from the latest rows it pulled from it. New priorities go back
-to the shard that holds each item (`replay.PriorityUpdater`).
+to the shard that holds each item (`sampling.PriorityUpdater`).
 
 With one shard everything reduces to Reverb's own sampling: the same
 datasets, batch for batch, and the probabilities and table sizes Reverb gives.
@@ -29,7 +29,7 @@ import numpy as np
 import reverb
 import tree
 
-from gorila_jax import replay
+from gorila_jax.replay import codec, sampling, server
 
 
 def assigned_shard(actor_index: int, num_shards: int) -> int:
@@ -96,13 +96,13 @@ class ReplayShards:
         return len(self.nodes)
 
     def sampler(
-        self, table: str, codec: replay.ItemCodec | None, stop: threading.Event | None = None
+        self, table: str, codec: codec.ItemCodec | None, stop: threading.Event | None = None
     ) -> "ShardedSampler":
         return ShardedSampler(self.nodes, table, codec, stop=stop)
 
-    def priority_updater(self, table: str) -> replay.PriorityUpdater:
+    def priority_updater(self, table: str) -> sampling.PriorityUpdater:
         """Sends priorities to the shard of each item, at the address each serves at now."""
-        return replay.PriorityUpdater([replay.ReplayClient(node) for node in self.nodes], table)
+        return sampling.PriorityUpdater([server.ReplayClient(node) for node in self.nodes], table)
 
     def checkpoint(self, step: int) -> dict[str, Any]:
         """Checkpoints every shard as learner step `step`.
@@ -194,7 +194,7 @@ class _Puller(threading.Thread):
         try:
             if self._with_exponent:
                 self.exponent = _priority_exponent(self.address, self._table)
-            samples = replay.sample_stream(
+            samples = sampling.sample_stream(
                 self.address, self._table, self._chunk_rows, **self._settings
             )
             while self._put(next(samples)):
@@ -255,7 +255,7 @@ class _ShardStream:
         (the caller may stop, or call again).
 
         Raises:
-          replay.CONNECTION_ERRORS: the shard is unreachable (the next fill rebuilds).
+          sampling.CONNECTION_ERRORS: the shard is unreachable (the next fill rebuilds).
         """
         while self.buffered < count:
             if self._puller is None:
@@ -371,7 +371,7 @@ class ShardedSampler:
     (= priority**alpha / sum(M) for a prioritized table, 1 / total size for
     a uniform one), and its table size the total over shards, so that
     importance weights N * P come out as for one replay. A batch carries the
-    shard of each row (`replay.Batch.shards`), for priority updates.
+    shard of each row (`sampling.Batch.shards`), for priority updates.
 
     A shard's rate limiter may hold samples back: each shard enforces the
     samples-per-insert ratio on its own share, so a shard whose mass share
@@ -392,14 +392,14 @@ class ShardedSampler:
         threads end then; `close` ends them too.
       probe_after_s: see above.
       prefetch, rate_limiter_timeout_ms, num_workers: each shard's dataset's,
-        as for `replay.batches`.
+        as for `sampling.batches`.
     """
 
     def __init__(
         self,
         nodes: Sequence[Any],
         table: str,
-        codec: replay.ItemCodec | None = None,
+        codec: codec.ItemCodec | None = None,
         seed: int | None = None,
         stop: threading.Event | None = None,
         probe_after_s: float = 10.0,
@@ -423,13 +423,13 @@ class ShardedSampler:
     def num_shards(self) -> int:
         return len(self._nodes)
 
-    def batches(self, batch_size: int) -> Iterator[replay.Batch]:
-        """Batches of `batch_size` rows; as `replay.batches`, the iterator ends when a
+    def batches(self, batch_size: int) -> Iterator[sampling.Batch]:
+        """Batches of `batch_size` rows; as `sampling.batches`, the iterator ends when a
         shard's rate limiter holds samples back longer than the timeout (call again to go
         on: rows already pulled are kept, ended shard datasets are rebuilt).
 
         Raises:
-          replay.CONNECTION_ERRORS: a shard is unreachable (call again to retry).
+          sampling.CONNECTION_ERRORS: a shard is unreachable (call again to retry).
         """
         if batch_size != self._batch_size:
             self.close()
@@ -488,20 +488,20 @@ class ShardedSampler:
         masses = self._masses()
         return self._rng.multinomial(batch_size, masses / masses.sum()).tolist()
 
-    def _assemble(self, counts: list[int]) -> replay.Batch:
+    def _assemble(self, counts: list[int]) -> sampling.Batch:
         rows = _concatenate(
             [stream.take(count) for stream, count in zip(self._streams, counts) if count]
         )
         data = rows.data if self._codec is None else self._codec.decode(rows.data, self._table)
         sources = None if self._codec is None else self._codec.sources(rows.data, self._table)
         if self.num_shards == 1:  # Reverb's probabilities and sizes are the replay's own
-            return replay.Batch(
+            return sampling.Batch(
                 rows.keys, rows.probabilities, rows.table_size, data, sources=sources
             )
         shards = np.repeat(np.arange(self.num_shards, dtype=np.int32), counts)
         masses = self._masses()
         sizes = np.array([stream.table_size for stream in self._streams], np.int64)
-        return replay.Batch(
+        return sampling.Batch(
             keys=rows.keys,
             probabilities=rows.probabilities * (masses / masses.sum())[shards],
             table_size=rows.table_size + (sizes.sum() - sizes)[shards],

@@ -2,8 +2,12 @@
 
 import dataclasses
 
-from gorila_jax import balance, checkpoint, compression, elastic, envs, launchers
-
+from gorila_jax import envs
+from gorila_jax.distributed import launchers
+from gorila_jax.gorila import compression
+from gorila_jax.health import balance
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import elastic
 
 LEARNER_MODES = ("sync", "gorila")
 
@@ -43,7 +47,7 @@ class ExperimentConfig:
         Without it, a run in a logdir that has checkpoints deletes them.
       tf32: TensorFloat-32 matmuls in the learner (GPUs only; CPUs ignore it).
       learner_mode: "sync" (one pmapped learner) or "gorila" (asynchronous
-        gradient workers and parameter-server shards; gorila_jax/gorila.py).
+        gradient workers and parameter-server shards; gorila_jax/gorila/workers.py).
       num_learners: Gorila gradient workers.
       num_ps_shards: Gorila parameter-server shards.
       max_staleness: a shard drops gradients computed on parameters more than
@@ -79,7 +83,7 @@ class ExperimentConfig:
         alone checkpoints; losing any of the processes restarts all of them
         (a fresh jax.distributed job) from the newest checkpoint.
       param_cache_per_host: actors read parameters from a cache on their host
-        (gorila_jax/param_cache.py) instead of from the learner or shards,
+        (gorila_jax/acting/param_cache.py) instead of from the learner or shards,
         which then send each new version once per host, not once per actor.
       actors_per_host: how many actors share a host (and a cache): actor i is
         on host i // actors_per_host. Only with param_cache_per_host. Under
@@ -93,7 +97,7 @@ class ExperimentConfig:
         samplers find it again. Reverb listens on every interface of its host.
         With K replay shards, shard k listens on replay_port + k.
       num_replay_shards: Reverb servers (K) the replay is split over (the
-        replay group's nodes replay/0 .. replay/K-1, gorila_jax/sharded_replay.py).
+        replay group's nodes replay/0 .. replay/K-1, gorila_jax/replay/sharded.py).
         Actor i writes to shard i % K; learners sample every batch across all
         shards in proportion to their priority mass, as from one replay, and
         send each new priority to the item's shard. Each shard holds 1/K of
@@ -102,7 +106,7 @@ class ExperimentConfig:
         is restarted on its own. At most num_actors (each shard needs a writer).
       min_actors, max_actors: bounds of the actor count while the run goes:
         `<logdir>/control/num_actors` (a count written there is applied by
-        the driver; gorila_jax/elastic.py) and the elastic policy keep within them.
+        the driver; gorila_jax/run/elastic.py) and the elastic policy keep within them.
         The lower bound is raised to num_replay_shards (`actor_count_floor`):
         removing actors never leaves a replay shard without a writer.
       elastic_interval_s: seconds between decisions of the elastic policy
@@ -113,7 +117,7 @@ class ExperimentConfig:
         elastic_variance_metric: see elastic_interval_s and `elastic.ElasticPolicy`.
       balance_interval_s: each actor's share of the data inserted into and
         sampled from replay is measured over windows this long
-        (gorila_jax/balance.py); 0: off.
+        (gorila_jax/health/balance.py); 0: off.
       balance_factor: an actor whose inserted share exceeds balance_factor /
         (acting actors) is reported (a warning and the `dominant_actors` metric).
       balance_remedy: what happens to an actor reported in two windows in a

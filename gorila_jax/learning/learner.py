@@ -17,9 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import checkpoint, multihost, parallel, precision, program, replay, types
-from gorila_jax import balance, sharded_replay
-from gorila_jax import monitor as monitor_lib
+from gorila_jax import parallel, precision, replay, types
+from gorila_jax.distributed import multihost, program
+from gorila_jax.health import balance
+from gorila_jax.health import monitor as monitor_lib
+from gorila_jax.learning import checkpoint
 
 
 def make_learner_step(update_fns: builder_lib.UpdateFns, actor_params: Callable[[Any], Any]):
@@ -164,7 +166,7 @@ class DevicePrefetcher:
     servers stop and before the process exits (see `close`).
 
     Args:
-      make_batches: batch size -> batches; or a `sharded_replay.ShardedSampler`,
+      make_batches: batch size -> batches; or a `replay.ShardedSampler`,
         whose `batches` it calls and which its thread closes when it ends.
       batch_size: the batch size to sample next.
       devices: where batches go (`parallel.shard_to_devices`).
@@ -174,14 +176,14 @@ class DevicePrefetcher:
 
     def __init__(
         self,
-        make_batches: Callable[[int], Iterator[replay.Batch]] | sharded_replay.ShardedSampler,
+        make_batches: Callable[[int], Iterator[replay.Batch]] | replay.ShardedSampler,
         batch_size: Callable[[], int],
         devices: list,
         stop_event: threading.Event,
         size: int = 2,
     ):
         self._close_sampler: Callable[[], None] | None = None
-        if isinstance(make_batches, sharded_replay.ShardedSampler):
+        if isinstance(make_batches, replay.ShardedSampler):
             make_batches, self._close_sampler = make_batches.batches, make_batches.close
         self._make_batches, self._batch_size = make_batches, batch_size
         self._devices, self._stop_event = devices, stop_event
@@ -280,11 +282,11 @@ class DevicePrefetcher:
 
 
 def sampler(
-    replay_shards: sharded_replay.ReplayShards,
+    replay_shards: replay.ReplayShards,
     table: str,
     codec: replay.ItemCodec,
     stop_event: threading.Event,
-) -> sharded_replay.ShardedSampler:
+) -> replay.ShardedSampler:
     """The sampler of batches across every replay shard, as `DevicePrefetcher` takes it.
 
     Each shard's address is asked of its node whenever its dataset is
@@ -404,7 +406,7 @@ class LearnerNode(program.Worker):
         self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
         precision.use_tf32(tf32)
         self._builder, self._monitor = builder, monitor
-        self._replay = sharded_replay.ReplayShards(replay_client)
+        self._replay = replay.ReplayShards(replay_client)
         self._report_interval_s = report_interval_s
         self._devices = parallel.local_devices(num_devices)
         self._num_processes = num_learner_hosts
@@ -464,7 +466,7 @@ class LearnerNode(program.Worker):
             self._published = parallel.unreplicate(builder.actor_params(self._state))
         self._host_params: tuple[int, Any] | None = None
         # Parameter bytes sent to readers (actors, evaluator, per-host caches),
-        # so the saving of a per-host cache (gorila_jax/param_cache.py) is measured.
+        # so the saving of a per-host cache (gorila_jax/acting/param_cache.py) is measured.
         self._params_bytes_served = 0
         self._prefetcher: DevicePrefetcher | None = None
         self._priorities: replay.PriorityUpdater | None = None
@@ -785,7 +787,7 @@ class LearnerNode(program.Worker):
 
         The replay goes first and deletes its old checkpoints last: a learner
         checkpoint on disk always has its replay checkpoint beside it, even
-        after a crash at any point (see `gorila_jax.checkpoint`). Counters,
+        after a crash at any point (see `gorila_jax.learning.checkpoint`). Counters,
         recent returns and evaluations come from the monitor; a periodic
         checkpoint sees them up to one report interval late. Learning pauses
         while the replay is written.

@@ -21,7 +21,7 @@ reported. Remedies (`REMEDIES`, `balance_remedy`):
 
 - "report": nothing more.
 - "replace": after PERSISTENT_WINDOWS windows in a row, the actor is
-  replaced by a fresh one with a new seed (gorila_jax/elastic.py).
+  replaced by a fresh one with a new seed (gorila_jax/run/elastic.py).
 - "downweight": after PERSISTENT_WINDOWS windows in a row, the learners
   multiply the priorities they write back for that actor's items by
   `balance_weight`, for as long as it keeps dominating the inserted data. A
@@ -62,7 +62,7 @@ def sampled_counter(actor: str) -> str:
 
 
 def actor_index(actor: str) -> int:
-    """The index of actor node `actor` ("actor/<i>", as gorila_jax/actor.py names it)."""
+    """The index of actor node `actor` ("actor/<i>", as gorila_jax/acting/actor.py names it)."""
     return int(actor.rsplit("/", 1)[1])
 
 

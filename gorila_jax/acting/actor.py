@@ -10,8 +10,10 @@ import jax
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, parameter_server, program, replay, sharded_replay, types, writers
-from gorila_jax import monitor as monitor_lib
+from gorila_jax import envs, replay, types
+from gorila_jax.distributed import program
+from gorila_jax.gorila import parameter_server
+from gorila_jax.health import monitor as monitor_lib
 
 
 class EpisodeTracker:
@@ -86,7 +88,7 @@ class ActorNode(program.Worker):
       num_actors: how many actors the program has (for per-actor exploration).
       replay_client, learner, monitor: clients of those nodes (monitor may be None).
         `replay_client` may be the list of a sharded replay's shards: the actor
-        writes to its assigned one, `sharded_replay.assigned_shard`.
+        writes to its assigned one, `replay.assigned_shard`.
       seed: root seed of the experiment.
       num_envs: envs in this actor's envpool.
       param_pull_interval: actor steps between parameter requests.
@@ -134,9 +136,7 @@ class ActorNode(program.Worker):
         self._env_seed = int(jax.random.randint(env_key, (), 0, 2**31 - 1))
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
         if isinstance(replay_client, (list, tuple)):
-            replay_client = replay_client[
-                sharded_replay.assigned_shard(actor_index, len(replay_client))
-            ]
+            replay_client = replay_client[replay.assigned_shard(actor_index, len(replay_client))]
         self._replay_node = replay_client
         self._replay_address = replay_client.address()
         self.param_version = -1
@@ -161,7 +161,7 @@ class ActorNode(program.Worker):
             adder = self._builder.make_adder(client, self._spec, self._num_envs, self._stop_event)
             puller = ParameterPuller(self._learner, self._pull_interval)
             self._act(env, adder, puller)
-        except writers.Stopped:
+        except replay.Stopped:
             pass  # the rate limiter held our inserts while we were asked to stop
         finally:
             # Everything this node started ends here, before `wait_finished`

@@ -7,7 +7,9 @@ import jax
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, parameter_server, program, types
+from gorila_jax import envs, types
+from gorila_jax.distributed import program
+from gorila_jax.gorila import parameter_server
 
 
 def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Array) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import ray
 from ray.util import scheduling_strategies
 
-from gorila_jax import program as program_lib
+from gorila_jax.distributed import program as program_lib
 
 SPREAD = "SPREAD"  # bundles on distinct hosts where possible
 PACK = "PACK"  # bundles on as few hosts as possible

@@ -1,0 +1,1 @@
+"""Acting: actor nodes, the evaluator, and the per-host parameter cache."""

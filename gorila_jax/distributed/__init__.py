@@ -1,0 +1,1 @@
+"""Distribution: the program graph, its launchers, placement and multi-host jobs."""

@@ -1,0 +1,1 @@
+"""Gorila mode: parameter-server shards, gradient workers, gradient compression."""

@@ -1,0 +1,148 @@
+"""Gorila mode (Nair et al., 2015): asynchronous gradient workers and parameter-server shards.
+
+Instead of one synchronous learner, `num_learners` gradient workers each
+sample replay, compute gradients on their own (possibly stale) copy of the
+parameters, and push one compressed slice to each shard. Shards apply slices
+as they arrive with their own optimizer state; nobody waits for anybody.
+Two rules from the paper keep this stable: gradients computed on parameters
+too many versions old are dropped (at the shard), and gradients whose loss is
+an outlier for that worker are dropped (at the worker).
+
+This module puts Gorila mode into a program (`add_nodes`) and sums its run-wide
+figures; `workers` and `shard_node` hold the nodes.
+"""
+
+from typing import Any
+
+from gorila_jax import builder as builder_lib
+from gorila_jax import types
+from gorila_jax.distributed import program
+from gorila_jax.gorila import shard_node, workers
+from gorila_jax.health import monitor as monitor_lib
+from gorila_jax.learning import learner
+
+
+def summarize(metrics: dict[str, float]) -> dict[str, float]:
+    """Run-wide Gorila figures from what workers report (`GradientWorkerNode._metrics`).
+
+    Sums the per-worker counters over workers: gradients applied and dropped
+    (stale, outlier, non-finite), mean staleness and bytes per pushed update.
+    """
+    totals: dict[str, float] = {}
+    for key, value in metrics.items():
+        worker, _, name = key.partition("/")
+        if worker.startswith("worker") and name:
+            totals[name] = totals.get(name, 0) + value
+    if not totals:
+        return {}
+    pushed = max(totals.get("pushed", 0), 1)
+    return {
+        "gradients_applied": totals.get("applied", 0),
+        "dropped_stale": totals.get("dropped_stale", 0),
+        "dropped_outlier": totals.get("dropped_outlier", 0),
+        "dropped_nonfinite": totals.get("dropped_nonfinite", 0),
+        "mean_staleness": totals.get("staleness_sum", 0) / pushed,
+        "bytes_per_update": totals.get("bytes_sent", 0) / pushed,
+    }
+
+
+def progress_suffix(row: dict[str, float]) -> str:
+    """The progress line's Gorila part: applied/dropped, staleness, bytes, shard rates."""
+    if "gradients_applied" not in row:
+        return ""
+    shard_rates = sorted(
+        (key, value) for key, value in row.items() if key.endswith("/updates_per_s")
+    )
+    rates = ", ".join(f"{value:.1f}" for _, value in shard_rates)
+    return (
+        f" | applied {row['gradients_applied']:,.0f} dropped "
+        f"{row['dropped_stale']:,.0f}/{row['dropped_outlier']:,.0f}/"
+        f"{row['dropped_nonfinite']:,.0f} (stale/outlier/nonfinite) | staleness "
+        f"{row['mean_staleness']:.2f} | {row['bytes_per_update'] / 1024:,.1f} KiB/update"
+        f" | shard updates/s {rates}"
+    )
+
+
+def check_agent(builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
+    """Raises ValueError if the agent's update is not one gradient that shards can apply."""
+    update_fns = builder.update_fns(spec)
+    if update_fns.compute_grads is None or update_fns.apply_grads is None:
+        raise ValueError(
+            f"learner_mode=gorila needs an agent whose update is one gradient "
+            f"(UpdateFns.compute_grads and apply_grads); {type(builder).__name__} gives "
+            "only a whole update step: use learner_mode=sync"
+        )
+
+
+def add_nodes(
+    graph: program.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: Any,
+    spec: types.EnvSpec,
+    replay_node: program.Handle,
+    monitor_node: program.Handle,
+    checkpoint_dir: str | None = None,
+    restore_step: int | None = None,
+    restored_counters: dict[str, dict[str, float]] | None = None,
+) -> list[program.Handle]:
+    """The parameter-server and gradient-worker groups of an ExperimentConfig `cfg`.
+
+    Args:
+      checkpoint_dir: where worker 0 saves Gorila checkpoints; None: none.
+      restore_step: shards start from this checkpoint (a resume).
+      restored_counters: each node's counters from that checkpoint.
+
+    Returns:
+      The shard handles: what actors and the evaluator read parameters from.
+    """
+    check_agent(builder, spec)
+    restored_counters = restored_counters or {}
+    with graph.group("parameter_server", program.Resources(cfg.ps_cpus)):
+        shards = [
+            graph.add_node(
+                shard_node.ParameterShardNode,
+                builder,
+                spec,
+                cfg.seed,
+                index,
+                cfg.num_ps_shards,
+                cfg.max_staleness,
+                cfg.staleness_lr_scaling,
+                monitor_node,
+                report_interval_s=cfg.heartbeat_interval_s,
+                checkpoint_dir=checkpoint_dir,
+                restore_step=restore_step,
+            )
+            for index in range(cfg.num_ps_shards)
+        ]
+    if checkpoint_dir is not None:
+        # A replacement shard starts from the newest checkpoint; without
+        # checkpoints its slice would be lost, so it is not restartable then.
+        for shard in shards:
+            graph.node(shard.name).restartable(lambda counters: {"restore_step": learner.NEWEST})
+    resources = program.Resources(cfg.learner_cpus, cfg.learner_gpus)
+    with graph.group("gradient_worker", resources):
+        for index in range(cfg.num_learners):
+            worker = graph.add_node(
+                workers.GradientWorkerNode,
+                builder,
+                spec,
+                replay_node,
+                shards,
+                monitor_node,
+                cfg.seed,
+                index,
+                num_devices=cfg.num_learner_devices,
+                async_update=cfg.async_update,
+                compression_scheme=cfg.compression,
+                outlier_stds=cfg.outlier_stds,
+                tf32=cfg.tf32,
+                report_interval_s=cfg.heartbeat_interval_s,
+                checkpoint_dir=checkpoint_dir if index == 0 else None,
+                checkpoint_interval_steps=cfg.checkpoint_interval_steps,
+                max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
+                restored_counters=restored_counters.get(f"gradient_worker/{index}"),
+            )
+            # A replacement pulls the shards' parameters and continues its counters.
+            graph.node(worker.name).restartable(monitor_lib.continue_counters)
+    return shards

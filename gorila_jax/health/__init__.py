@@ -1,0 +1,1 @@
+"""Health: the monitor (heartbeats, restarts) and the data-balance check."""

@@ -1,0 +1,1 @@
+"""Learning: the learner step, its replay-fed nodes, and checkpoints."""

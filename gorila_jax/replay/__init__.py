@@ -1,0 +1,75 @@
+"""Replay: the narrow interface actors and learners use, over Reverb.
+
+Server address, items with priorities, batches with keys and probabilities,
+priority updates; one server or K shards sampled as one replay. Code outside
+this package imports `gorila_jax.replay` only, never its modules, so that
+another backend (a tiered store, for example) can sit behind these names.
+"""
+
+from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec
+from gorila_jax.replay.sampling import (
+    CONNECTION_ERRORS,
+    Batch,
+    PriorityUpdater,
+    SampledKeys,
+    batches,
+    row_keys,
+    sample_stream,
+)
+from gorila_jax.replay.server import (
+    CHECKPOINT_MANIFEST,
+    NEWEST,
+    CheckpointDamaged,
+    IncompatibleCheckpoint,
+    PortInUse,
+    ReplayClient,
+    ReplayNode,
+    check_checkpoint,
+    newest_intact_checkpoint,
+)
+from gorila_jax.replay.sharded import ReplayShards, ShardedSampler, assigned_shard, shard_tables
+from gorila_jax.replay.tables import prioritized_table, queue_table, rate_limiter, uniform_table
+from gorila_jax.replay.writers import (
+    NStepAccumulator,
+    NStepAdder,
+    Stopped,
+    TrajectoryAdder,
+    TransitionWriter,
+    trajectory_example,
+)
+
+__all__ = [
+    "CHECKPOINT_MANIFEST",
+    "CONNECTION_ERRORS",
+    "NEWEST",
+    "SOURCE_BYTES",
+    "UNKNOWN_SOURCE",
+    "Batch",
+    "CheckpointDamaged",
+    "IncompatibleCheckpoint",
+    "ItemCodec",
+    "NStepAccumulator",
+    "NStepAdder",
+    "PortInUse",
+    "PriorityUpdater",
+    "ReplayClient",
+    "ReplayNode",
+    "ReplayShards",
+    "SampledKeys",
+    "ShardedSampler",
+    "Stopped",
+    "TrajectoryAdder",
+    "TransitionWriter",
+    "assigned_shard",
+    "batches",
+    "check_checkpoint",
+    "newest_intact_checkpoint",
+    "prioritized_table",
+    "queue_table",
+    "rate_limiter",
+    "row_keys",
+    "sample_stream",
+    "shard_tables",
+    "trajectory_example",
+    "uniform_table",
+]

@@ -1,0 +1,349 @@
+"""The replay node: a Reverb server with checkpoints, and the client that follows it."""
+
+import errno
+import json
+import logging
+import os
+import shutil
+import socket
+from typing import Any, Callable, Sequence
+
+import reverb
+import tensorflow as tf
+from reverb.cc.checkpointing import checkpoint_pb2
+
+from gorila_jax.replay import codec
+
+
+def _ray_node_ip() -> str | None:
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address() if ray.is_initialized() else None
+    except ImportError:
+        return None
+
+
+CHECKPOINT_MANIFEST = "MANIFEST.json"
+
+
+NEWEST = -1  # ReplayNode restore_step: the newest intact checkpoint
+
+
+class CheckpointDamaged(Exception):
+    """A replay checkpoint whose files are not those that were written."""
+
+
+class IncompatibleCheckpoint(Exception):
+    """A replay checkpoint whose items this run's agent cannot read (another format or config)."""
+
+
+def _lacks_source_trailer(held: Any, configured: Any) -> bool:
+    """Whether `held` is `configured` (packed items) less the source-actor trailer."""
+    packed = [
+        isinstance(spec, tf.TensorSpec) and spec.dtype == tf.uint8 and spec.shape.rank == 1
+        for spec in (held, configured)
+    ]
+    return all(packed) and held.shape[0] + codec.SOURCE_BYTES == configured.shape[0]
+
+
+class PortInUse(OSError):
+    """The replay server's port is taken by another process."""
+
+
+def _check_port_free(port: int) -> None:
+    """Raises PortInUse, naming the port, if a listener holds it on any interface.
+
+    Reverb binds `[::]:port` (every interface) and, when that fails, says only
+    "Failed to BuildAndStart gRPC server". SO_REUSEADDR as gRPC sets it: the
+    connections of a killed predecessor (TIME_WAIT) do not count as a user.
+    """
+    if not 0 < port < 65536:
+        raise ValueError(f"replay port must be in 1..65535, got {port}")
+    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:  # no IPv6 on this host
+            continue
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((address, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise PortInUse(
+                        f"replay port {port} is already in use by another process "
+                        "(choose another --replay_port, or 0 for a free one)"
+                    ) from None
+                if family == socket.AF_INET6:
+                    continue  # IPv6 present but not bindable here; IPv4 decides
+                raise
+
+
+def newest_intact_checkpoint(checkpoint_dir: str) -> int | None:
+    """The step of the newest replay checkpoint in `checkpoint_dir` whose files are
+    intact (`check_checkpoint`); None if there is none. Damaged ones are skipped
+    with a warning: a restarted replay goes back one checkpoint rather than fail."""
+    steps = (
+        sorted((int(name) for name in os.listdir(checkpoint_dir) if name.isdigit()), reverse=True)
+        if os.path.isdir(checkpoint_dir)
+        else []
+    )
+    for step in steps:
+        try:
+            check_checkpoint(os.path.join(checkpoint_dir, str(step)))
+            return step
+        except CheckpointDamaged as error:
+            logging.warning("replay: skipping checkpoint %d: %s", step, error)
+    return None
+
+
+class ReplayNode:
+    """Hosts a Reverb server with the tables an agent's builder declares.
+
+    Reverb's server listens on every interface of its host (gRPC on
+    `[::]:port`, without authentication: Reverb has no option for either);
+    keep the replay port closed to untrusted networks (README, multi-host).
+
+    Args:
+      make_tables: returns the agent's tables.
+      port: the server's port; None picks a free one. The experiment picks
+        one for the whole run, so that a restarted replay node serves at the
+        same address and Reverb's clients (writers, samplers) reconnect to it.
+      checkpoint_dir: where `checkpoint` writes (`<logdir>/checkpoints/replay`,
+        absolute); None: no checkpoints.
+      restore_step: start from the checkpoint taken at this learner step;
+        `NEWEST`: from the newest intact one (an empty replay if there is none),
+        as a replay node restarted after a crash does.
+
+    Raises:
+      PortInUse: `port` is taken by another process.
+    """
+
+    def __init__(
+        self,
+        make_tables: Callable[[], Sequence[reverb.Table]],
+        port: int | None = None,
+        checkpoint_dir: str | None = None,
+        restore_step: int | None = None,
+    ):
+        self._checkpoint_dir = checkpoint_dir
+        checkpointer = None
+        expected_sizes = None
+        if checkpoint_dir is not None:
+            if restore_step == NEWEST:
+                restore_step = newest_intact_checkpoint(checkpoint_dir)
+            restore_path = None
+            if restore_step is not None:
+                restore_path = os.path.join(checkpoint_dir, str(restore_step))
+                expected_sizes = check_checkpoint(restore_path)
+            checkpointer = _checkpointer(checkpoint_dir, restore_path)
+        elif restore_step is not None and restore_step != NEWEST:
+            raise ValueError("restore_step needs a checkpoint_dir")
+        else:
+            restore_step = None  # NEWEST without checkpoints: an empty replay
+        tables = list(make_tables())
+        signatures = {table.info.name: table.info.signature for table in tables}
+        if port is not None:
+            _check_port_free(port)
+        try:
+            self._server = reverb.Server(tables, port=port, checkpointer=checkpointer)
+        except ValueError as error:
+            if port is not None and "BuildAndStart" in str(error):
+                # Taken between the check and the bind; Reverb's message names no port.
+                raise PortInUse(f"replay port {port} is already in use ({error})") from None
+            raise
+        self._host = _ray_node_ip() or socket.gethostbyname("localhost")
+        self._restored = {"step": restore_step, "table_sizes": expected_sizes or {}}
+        if expected_sizes is not None:
+            self._check_restored(expected_sizes, restore_step)
+            self._check_signatures(signatures, restore_step)
+            logging.warning(
+                "replay: restored the checkpoint of learner step %d, tables %s",
+                restore_step,
+                expected_sizes,
+            )
+
+    def restored_from(self) -> dict[str, Any]:
+        """{"step": the learner step of the checkpoint restored (None: started empty),
+        "table_sizes": its table sizes, which the tables held right after the restore}."""
+        return dict(self._restored)
+
+    def _check_restored(self, expected: dict[str, int], step: int) -> None:
+        sizes = {name: info["size"] for name, info in self.table_info().items()}
+        if sizes != expected:
+            self._server.stop()
+            raise RuntimeError(
+                f"replay checkpoint {self._checkpoint_dir}/{step} restored tables of sizes "
+                f"{sizes}, it holds {expected}; it is damaged (delete it to resume from an "
+                "older checkpoint)"
+            )
+
+    def _check_signatures(self, configured: dict[str, Any], step: int) -> None:
+        """Raises IncompatibleCheckpoint if a restored table's items are not this run's.
+
+        Reverb restores a table with the signature in its checkpoint, whatever
+        the configured one: without this check the writers' inserts fail
+        and the learner decodes garbage widths, far from the cause.
+        """
+        restored = self._server.localhost_client().server_info()
+        for name, signature in configured.items():
+            held = restored[name].signature if name in restored else None
+            if signature is None or held is None or held == signature:
+                continue
+            self._server.stop()
+            path = f"{self._checkpoint_dir}/{step}"
+            if _lacks_source_trailer(held, signature):
+                raise IncompatibleCheckpoint(
+                    f"replay checkpoint {path}: table {name!r} holds items of {held.shape[0]} "
+                    f"bytes, written before items carried the actor that wrote them (this "
+                    f"version's items are {signature.shape[0]} bytes: a {codec.SOURCE_BYTES}-byte "
+                    "source-actor trailer, gorila_jax/replay/codec.py ItemCodec); resume it "
+                    "with the version that wrote it, or start the run afresh (a new logdir, or "
+                    "without --resume)"
+                )
+            raise IncompatibleCheckpoint(
+                f"replay checkpoint {path}: table {name!r} holds items {held}, this run's "
+                f"agent writes {signature}: it is a checkpoint of another agent config or "
+                "environment"
+            )
+
+    def address(self) -> str:
+        """host:port that clients on any node of the cluster can reach."""
+        return f"{self._host}:{self._server.port}"
+
+    def table_info(self) -> dict[str, dict[str, float]]:
+        """Per table: size, completed inserts and samples, and the rate limiter's settings
+        (`samples_per_insert`, and `slack`: how far sampling may run ahead of or behind it)."""
+        info = self._server.localhost_client().server_info()
+        return {
+            name: {
+                "size": t.current_size,
+                "inserts": t.rate_limiter_info.insert_stats.completed,
+                "samples": t.rate_limiter_info.sample_stats.completed,
+                "samples_per_insert": t.rate_limiter_info.samples_per_insert,
+                "slack": (t.rate_limiter_info.max_diff - t.rate_limiter_info.min_diff) / 2,
+            }
+            for name, t in info.items()
+        }
+
+    def checkpoint(self, step: int) -> dict[str, Any]:
+        """Checkpoints every table (items, priorities, rate-limiter counts) as learner step `step`.
+
+        Reverb writes into a scratch directory; the finished checkpoint is
+        renamed to `<checkpoint_dir>/<step>` (replacing one there), so a
+        partial one never carries a step's name.
+
+        Returns:
+          {"path": the checkpoint's directory, "table_sizes": {table: items}}.
+        """
+        if self._checkpoint_dir is None:
+            raise RuntimeError("this replay node was built without a checkpoint_dir")
+        written = self._server.localhost_client().checkpoint()
+        sizes = _write_manifest(written)
+        final = os.path.join(self._checkpoint_dir, str(step))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.rename(written, final)
+        return {"path": final, "table_sizes": sizes}
+
+    def keep_checkpoints(self, steps: Sequence[int]) -> None:
+        """Deletes the checkpoints of every step not in `steps`."""
+        kept = set(steps)
+        for name in os.listdir(self._checkpoint_dir):
+            if name.isdigit() and int(name) not in kept:
+                shutil.rmtree(os.path.join(self._checkpoint_dir, name), ignore_errors=True)
+
+    def close(self) -> None:
+        self._server.stop()
+
+
+def _checkpointer(
+    checkpoint_dir: str, restore_path: str | None
+) -> reverb.checkpointers.DefaultCheckpointer:
+    """A Reverb checkpointer that writes to a scratch directory and loads `restore_path`.
+
+    Reverb loads the newest checkpoint of its own directory and falls back to
+    `restore_path` only when that directory is empty; emptying it first means
+    exactly the checkpoint that resume chose is loaded (or none).
+    """
+    scratch = os.path.join(checkpoint_dir, ".reverb")
+    shutil.rmtree(scratch, ignore_errors=True)  # leftovers of a checkpoint cut short
+    os.makedirs(scratch)
+    return reverb.checkpointers.DefaultCheckpointer(scratch, fallback_checkpoint_path=restore_path)
+
+
+def check_checkpoint(path: str) -> dict[str, int]:
+    """Table sizes of the replay checkpoint at `path`, after checking its files are intact.
+
+    Raises:
+      CheckpointDamaged: if the manifest, or a file it lists, is missing or has another size.
+    """
+    try:
+        with open(os.path.join(path, CHECKPOINT_MANIFEST)) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as error:
+        raise CheckpointDamaged(
+            f"replay checkpoint {path} has no readable manifest: {error}"
+        ) from None
+    for name, size in manifest["files"].items():
+        file = os.path.join(path, name)
+        actual = os.path.getsize(file) if os.path.exists(file) else None
+        if actual != size:
+            raise CheckpointDamaged(
+                f"replay checkpoint file {file} has {actual} bytes, {size} were written"
+            )
+    return manifest["table_sizes"]
+
+
+def _write_manifest(path: str) -> dict[str, int]:
+    """Records the size of every file of the Reverb checkpoint at `path`; returns table sizes.
+
+    Reverb restores a truncated checkpoint as an empty table without an error;
+    the manifest lets resume tell a damaged checkpoint from an intact one.
+    """
+    sizes = {}
+    tables = tf.data.TFRecordDataset(
+        os.path.join(path, "tables.tfrecord"),
+        compression_type="ZLIB",  # Reverb's format
+    )
+    for record in tables.as_numpy_iterator():
+        table = checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
+        limiter = table.rate_limiter
+        sizes[table.table_name] = int(limiter.insert_count - limiter.delete_count)
+    files = {name: os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)}
+    with open(os.path.join(path, CHECKPOINT_MANIFEST), "w") as f:
+        json.dump({"files": files, "table_sizes": sizes}, f)
+    return sizes
+
+
+class ReplayClient(reverb.Client):
+    """A Reverb client of the replay node that can find the node's server again.
+
+    A restarted replay node normally serves at the same address (the run
+    keeps its port), and Reverb's clients reconnect there by themselves. If
+    the replacement came up elsewhere (another host), `current_address`
+    asks the node (through its program client, which waits for the
+    replacement) where it serves now; `TransitionWriter` does so when its
+    server stops answering.
+
+    Args:
+      replay_node: program client of the replay node (its `address()`).
+      address: the address to connect to; None asks `replay_node`.
+    """
+
+    def __init__(self, replay_node: Any, address: str | None = None):
+        self._replay_node = replay_node
+        super().__init__(address or replay_node.address())
+
+    def current_address(self) -> str:
+        """Where the replay node serves now (blocks while it is being restarted)."""
+        return self._replay_node.address()
+
+    def at(self, address: str) -> "ReplayClient":
+        """A client of the same replay node at `address`."""
+        return ReplayClient(self._replay_node, address)
+
+
+# What a sampler meets when the replay server goes away (a replay restart):
+# worth sampling again after a pause, unlike a decode error.

@@ -1,0 +1,1 @@
+"""Running an experiment: its config, the program it wires, elastic actors."""
