@@ -14,7 +14,6 @@ which is not among the dependencies.
 """
 
 import dataclasses
-import importlib
 import json
 import sys
 
@@ -25,6 +24,7 @@ from absl import app, flags
 from gorila_jax import envs
 from gorila_jax.acting import evaluation
 from gorila_jax.learning import checkpoint
+from launch import presets
 
 _LOGDIR = flags.DEFINE_string("logdir", None, "The --logdir of a training run.", required=True)
 _EPISODES = flags.DEFINE_integer("episodes", 10, "Greedy episodes to play.", lower_bound=1)
@@ -45,23 +45,25 @@ _VIDEO = flags.DEFINE_string("video", None, "Write one episode to this .gif file
 _VIDEO_FPS = flags.DEFINE_integer("video_fps", 30, "Frames per second of the GIF.", lower_bound=1)
 
 
-def _import(path: str) -> type:
-    """A class named by its import path in config.json; only from the agents package."""
-    module, _, name = path.rpartition(".")
-    if not module.startswith("agents."):
-        raise ValueError(f"config.json names {path!r}, which is not an agent in agents/")
-    return getattr(importlib.import_module(module), name)
+def _registered(path: str, role: str) -> type:
+    """The class config.json names by import path: the `role` ("builder" or "config") of an
+    agent in `presets.AGENTS`, so a record cannot make this import anything else."""
+    for agent in presets.AGENTS.values():
+        cls = getattr(agent, role)
+        if f"{cls.__module__}.{cls.__qualname__}" == path:
+            return cls
+    raise ValueError(f"config.json names {path!r}, which is not an agent in agents/")
 
 
 def load_builder(record: dict, epsilon: float | None):
     """The agent's builder from a config.json record, with the evaluation epsilon set."""
-    config_cls = _import(record["agent_config_class"])
+    config_cls = _registered(record["agent_config_class"], "config")
     config = checkpoint.config_from_dict(config_cls, record["agent_config"])
     if epsilon is not None:
         if not hasattr(config, "eval_epsilon"):
             raise ValueError(f"{config_cls.__name__} has no eval_epsilon for --epsilon to set")
         config = dataclasses.replace(config, eval_epsilon=epsilon)
-    return _import(record["builder"])(config)
+    return _registered(record["builder"], "builder")(config)
 
 
 def record_gif(builder, spec, params, seed: int, path: str, fps: int) -> int:

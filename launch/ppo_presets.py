@@ -5,7 +5,7 @@ from typing import Any
 
 from agents import ppo
 
-NAMES = ("default", "cartpole", "simple", "medium", "hard", "pendulum", "mujoco")
+PPO_PRESETS = ("default", "cartpole", "simple", "medium", "hard", "pendulum", "mujoco")
 
 # The brief's parameter-pull interval by Atari difficulty (DESIGN.md section 4).
 # PPO's batch is counted in trajectory chunks, not transitions, so it keeps its
@@ -96,5 +96,5 @@ def ppo_preset(name: str) -> tuple[ppo.PPOConfig, dict[str, Any]]:
     if name == "mujoco":
         return _continuous(1_000_000)
     raise ValueError(
-        f"unknown preset {name!r}; PPO has {NAMES} (and auto), or give a .json/.yaml file"
+        f"unknown preset {name!r}; PPO has {PPO_PRESETS} (and auto), or give a .json/.yaml file"
     )

@@ -1,4 +1,8 @@
-"""Named starting points for an agent's config and the experiment settings.
+"""The agents `--agent` names (`AGENTS`) and their named presets.
+
+`AGENTS` is the one registry of agents: the CLI (launch/train.py,
+launch/evaluate.py), preset loading and the tests read it. It lives here,
+next to the preset functions it holds, because agents/ sits below launch/.
 
 A preset returns the agent config and the experiment fields it changes;
 explicit flags (`--num_actors`, `--config.batch_size`, ...) win over it.
@@ -11,15 +15,15 @@ explicit flags (`--num_actors`, `--config.batch_size`, ...) win over it.
 
 import dataclasses
 import os
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
-from agents import dqn
-from launch.ppo_presets import ppo_preset
-from launch.sac_presets import sac_preset
+from agents import dqn, ppo, sac
+from launch import ppo_presets, sac_presets
 
-NAMES = ("auto", "default", "cartpole", "pendulum", "simple", "medium", "hard")
+DQN_PRESETS = ("default", "cartpole", "simple", "medium", "hard")
 
 # The brief's per-environment table (DESIGN.md section 4): how often actors
 # pull parameters and how large a batch the learner takes, by difficulty.
@@ -110,7 +114,9 @@ def dqn_preset(name: str) -> tuple[dqn.DQNConfig, dict[str, Any]]:
         return _cartpole()
     if name in _ATARI_PRESETS:
         return _atari(name)
-    raise ValueError(f"unknown preset {name!r}; choose one of {NAMES} or a .json/.yaml file")
+    raise ValueError(
+        f"unknown preset {name!r}; DQN has {DQN_PRESETS} (and auto), or give a .json/.yaml file"
+    )
 
 
 # Adam's b1 of the cartpole preset in Gorila mode (see `dqn_gorila_preset`).
@@ -135,9 +141,35 @@ def dqn_gorila_preset(name: str) -> tuple[dqn.DQNConfig, dict[str, Any]]:
     return config, settings
 
 
-AGENT_PRESETS = {"dqn": dqn_preset, "ppo": ppo_preset, "sac": sac_preset}
-# Agents whose presets change in Gorila mode; the others use AGENT_PRESETS there too.
-GORILA_AGENT_PRESETS = {"dqn": dqn_gorila_preset}
+Preset = Callable[[str], tuple[Any, dict[str, Any]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent:
+    """One agent `--agent` can name.
+
+    Attributes:
+      builder: its `AgentBuilder` class, made from a config.
+      config: its config dataclass; `config()` is its default.
+      preset: preset name (not auto) -> (config, experiment settings).
+      preset_names: the names `preset` takes.
+      gorila_preset: `preset` as Gorila mode needs it; None: `preset` there too.
+    """
+
+    builder: type
+    config: type
+    preset: Preset
+    preset_names: tuple[str, ...]
+    gorila_preset: Preset | None = None
+
+
+AGENTS = {
+    "dqn": Agent(dqn.DQNBuilder, dqn.DQNConfig, dqn_preset, DQN_PRESETS, dqn_gorila_preset),
+    "ppo": Agent(ppo.PPOBuilder, ppo.PPOConfig, ppo_presets.ppo_preset, ppo_presets.PPO_PRESETS),
+    "sac": Agent(sac.SACBuilder, sac.SACConfig, sac_presets.sac_preset, sac_presets.SAC_PRESETS),
+}
+# Every name --preset takes, for some agent.
+NAMES = ("auto", *dict.fromkeys(name for agent in AGENTS.values() for name in agent.preset_names))
 
 
 def is_file(name: str) -> bool:
@@ -150,15 +182,16 @@ def load(
     """The agent config and experiment settings of a preset name or a preset file.
 
     In `learner_mode` "gorila", named presets (and a file's base) come from
-    `GORILA_AGENT_PRESETS` where the agent has one.
+    the agent's `gorila_preset` where it has one.
 
     Raises:
       ValueError: unknown preset, unreadable file, or a field the agent config
         or the experiment does not have (named, so a typo is not silently ignored).
     """
-    preset = AGENT_PRESETS[agent]
-    if learner_mode == "gorila":
-        preset = GORILA_AGENT_PRESETS.get(agent, preset)
+    entry = AGENTS[agent]
+    preset = entry.preset
+    if learner_mode == "gorila" and entry.gorila_preset is not None:
+        preset = entry.gorila_preset
     if not is_file(name):
         return preset(resolve(name, env_id))
     if not os.path.exists(name):

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from gorila_jax import config_checks
+
 CHOICES = {
     "torso": ("auto", "mlp", "nature", "impala"),
     "clip_mode": ("global", "layer"),
@@ -108,43 +110,38 @@ class DQNConfig:
 
     def validate(self, num_devices: int) -> None:
         """Raises ValueError naming the first field whose value cannot work."""
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"config.{name} must be one of {allowed}, got {getattr(self, name)!r}"
-                )
-        positive = (
-            "n_step",
-            "learning_rate",
-            "learning_rate_decay_steps",
-            "batch_size",
-            "target_update_period",
-            "samples_per_insert",
-            "min_replay_size",
-            "max_replay_size",
-            "importance_exponent_anneal_steps",
-            "epsilon_decay_steps",
-            "initial_priority",
-            "max_grad_norm",
-            "layer_grad_norm",
-            "loss_scale_init",
-            "loss_scale_period",
-            "batch_growth_steps",
+        config_checks.check_fields(
+            self,
+            prefix="config.",
+            choices=CHOICES,
+            positive=(
+                "n_step",
+                "learning_rate",
+                "learning_rate_decay_steps",
+                "batch_size",
+                "target_update_period",
+                "samples_per_insert",
+                "min_replay_size",
+                "max_replay_size",
+                "importance_exponent_anneal_steps",
+                "epsilon_decay_steps",
+                "initial_priority",
+                "max_grad_norm",
+                "layer_grad_norm",
+                "loss_scale_init",
+                "loss_scale_period",
+                "batch_growth_steps",
+            ),
+            unit_interval=(
+                "discount",
+                "epsilon_start",
+                "epsilon_end",
+                "eval_epsilon",
+                "importance_exponent_start",
+                "epsilon_end_spread",
+                "learning_rate_final_fraction",
+            ),
         )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"config.{name} must be positive, got {getattr(self, name)}")
-        for name in (
-            "discount",
-            "epsilon_start",
-            "epsilon_end",
-            "eval_epsilon",
-            "importance_exponent_start",
-            "epsilon_end_spread",
-            "learning_rate_final_fraction",
-        ):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"config.{name} must lie in [0, 1], got {getattr(self, name)}")
         if not 0.0 <= self.adam_b1 < 1.0:
             # b1 = 1 never lets a new gradient in (and divides by zero in Adam's bias correction).
             raise ValueError(f"config.adam_b1 must lie in [0, 1), got {self.adam_b1}")

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from gorila_jax import config_checks
+
 CHOICES = {
     "torso": ("auto", "mlp", "nature", "impala"),
     "activation": ("tanh", "relu"),
@@ -105,41 +107,34 @@ class PPOConfig:
 
     def validate(self, num_devices: int) -> None:
         """Raises ValueError naming the first field whose value cannot work."""
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"config.{name} must be one of {allowed}, got {getattr(self, name)!r}"
-                )
-        positive = (
-            "trajectory_length",
-            "batch_size",
-            "num_actors",
-            "num_epochs",
-            "num_minibatches",
-            "learning_rate",
-            "adam_eps",
-            "max_grad_norm",
-            "clip_epsilon",
-            "rho_bar",
-            "c_bar",
-            "observation_clip",
-            "queue_batches",
+        config_checks.check_fields(
+            self,
+            prefix="config.",
+            choices=CHOICES,
+            positive=(
+                "trajectory_length",
+                "batch_size",
+                "num_actors",
+                "num_epochs",
+                "num_minibatches",
+                "learning_rate",
+                "adam_eps",
+                "max_grad_norm",
+                "clip_epsilon",
+                "rho_bar",
+                "c_bar",
+                "observation_clip",
+                "queue_batches",
+            ),
+            non_negative=(
+                "learning_rate_decay_updates",
+                "value_clip_epsilon",
+                "value_coef",
+                "entropy_coef",
+                "kl_target",
+            ),
+            unit_interval=("discount", "gae_lambda"),
         )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"config.{name} must be positive, got {getattr(self, name)}")
-        for name in (
-            "learning_rate_decay_updates",
-            "value_clip_epsilon",
-            "value_coef",
-            "entropy_coef",
-            "kl_target",
-        ):
-            if getattr(self, name) < 0:
-                raise ValueError(f"config.{name} must not be negative, got {getattr(self, name)}")
-        for name in ("discount", "gae_lambda"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"config.{name} must lie in [0, 1], got {getattr(self, name)}")
         if not self.hidden_sizes or any(size <= 0 for size in self.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be positive, got {self.hidden_sizes}")
         batch = self.global_batch_size

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from gorila_jax import config_checks
+
 CHOICES = {
     "precision": ("fp32", "bf16"),
     "actor_params_dtype": ("float32", "bfloat16"),
@@ -85,30 +87,25 @@ class SACConfig:
                 "config.precision='fp16' needs dynamic loss scaling, which SAC does not "
                 "implement; use 'bf16'"
             )
-        for name, allowed in CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"config.{name} must be one of {allowed}, got {getattr(self, name)!r}"
-                )
-        for name in (
-            "n_step",
-            "actor_learning_rate",
-            "critic_learning_rate",
-            "alpha_learning_rate",
-            "initial_alpha",
-            "target_update_period",
-            "batch_size",
-            "samples_per_insert",
-            "min_replay_size",
-            "max_replay_size",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"config.{name} must be positive, got {getattr(self, name)}")
-        for name in ("discount", "tau"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"config.{name} must lie in [0, 1], got {getattr(self, name)}")
-        if self.random_steps < 0:
-            raise ValueError(f"config.random_steps must not be negative, got {self.random_steps}")
+        config_checks.check_fields(
+            self,
+            prefix="config.",
+            choices=CHOICES,
+            positive=(
+                "n_step",
+                "actor_learning_rate",
+                "critic_learning_rate",
+                "alpha_learning_rate",
+                "initial_alpha",
+                "target_update_period",
+                "batch_size",
+                "samples_per_insert",
+                "min_replay_size",
+                "max_replay_size",
+            ),
+            non_negative=("random_steps",),
+            unit_interval=("discount", "tau"),
+        )
         if not self.hidden_sizes or any(size <= 0 for size in self.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be positive, got {self.hidden_sizes}")
         if self.log_std_min >= self.log_std_max:

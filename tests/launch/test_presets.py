@@ -1,10 +1,11 @@
-"""Presets: the brief's per-game table, `auto` by env id, preset files and their errors."""
+"""Presets: the agent registry, the brief's per-game table, `auto` by env id, preset files."""
 
 import dataclasses
 
 import pytest
 
-from launch import presets
+from gorila_jax.run import experiment
+from launch import evaluate, presets
 
 EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "num_envs_per_actor"}
 
@@ -72,3 +73,25 @@ def test_gorila_mode_lowers_adams_momentum_in_the_dqn_cartpole_preset_only():
     assert gorila == dataclasses.replace(sync, adam_b1=presets.GORILA_CARTPOLE_B1)
     pong, _ = presets.load("auto", "dqn", "Pong-v5", EXPERIMENT_FIELDS, "gorila")
     assert pong.adam_b1 == 0.9  # measured on CartPole only
+
+
+@pytest.mark.parametrize("agent", sorted(presets.AGENTS))
+def test_every_registered_agent_has_each_preset_it_names(agent):
+    entry = presets.AGENTS[agent]
+    fields = {field.name for field in dataclasses.fields(experiment.ExperimentConfig)}
+    for name in entry.preset_names:
+        config, settings = entry.preset(name)
+        assert isinstance(config, entry.config) and set(settings) <= fields, name
+        assert name in presets.NAMES
+    with pytest.raises(ValueError, match="'nosuch'"):
+        entry.preset("nosuch")
+
+
+def test_evaluate_rebuilds_only_registered_agents():
+    record = {"agent_config_class": "os.path.join", "agent_config": {}, "builder": "os.system"}
+    with pytest.raises(ValueError, match="'os.path.join', which is not an agent"):
+        evaluate.load_builder(record, None)
+    dqn_config = presets.AGENTS["dqn"].config
+    path = f"{dqn_config.__module__}.{dqn_config.__qualname__}"
+    with pytest.raises(ValueError, match="'os.system', which is not an agent"):
+        evaluate.load_builder({**record, "agent_config_class": path}, None)

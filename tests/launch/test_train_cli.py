@@ -3,6 +3,7 @@
 import concurrent.futures
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
@@ -97,7 +98,7 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
     base, preset_settings = presets.load(preset, agent, env, set(train._EXPERIMENT_FLAGS), mode)
     agent_config = dataclasses.replace(base, **(config or {}))
     exp = experiment.ExperimentConfig(**{**preset_settings, "env_id": env, **settings})
-    train.check_configs(train.AGENTS[agent](agent_config), exp)
+    train.check_configs(presets.AGENTS[agent].builder(agent_config), exp)
 
 
 @pytest.mark.parametrize(
@@ -122,3 +123,39 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
 def test_a_bad_setting_is_refused_before_anything_starts(inputs, message):
     with pytest.raises(ValueError, match=message):
         _check(**inputs)
+
+
+SETTINGS = dataclasses.fields(experiment.ExperimentConfig)
+
+
+@pytest.mark.parametrize("field", SETTINGS, ids=[field.name for field in SETTINGS])
+def test_each_setting_is_a_flag_with_its_declared_default_help_and_group(field):
+    name = field.metadata["flag"] or field.name
+    flag = train.flags.FLAGS[name]
+    assert train._EXPERIMENT_FLAGS[field.name].name == name
+    assert flag.default == field.default
+    assert flag.help.endswith(field.metadata["help"])  # an enum's help starts with its choices
+    group = f"experiment settings: {field.metadata['group']}"
+    assert train.flags.FLAGS.find_module_defining_flag(name) == group
+    # --helpfull lists the flag in its group's section.
+    assert re.search(rf"--(\[no\])?{name}:", train.flags.FLAGS.module_help(group))
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("replay_port", "65536", "in the range"),  # config_checks.PORT_RANGE
+        ("max_restarts", "-1", "not a non-negative integer"),  # NON_NEGATIVE
+        ("heartbeat_timeout", "-1", "not a non-negative number"),
+        ("balance_remedy", "lower", "should be one of"),  # the field's choices
+    ],
+)
+def test_a_settings_check_and_choices_become_its_flags_bounds(flag, value, message):
+    with pytest.raises(ValueError, match=message):
+        train.flags.FLAGS[flag].parser.parse(value)
+
+
+def test_the_settings_groups_are_the_subsystems():
+    groups = {field.metadata["group"] for field in SETTINGS}
+    subsystems = {"actors", "replay", "learner", "gorila", "faults", "checkpoints"}
+    assert subsystems | {"multi-host", "elastic", "balance", "run"} == groups

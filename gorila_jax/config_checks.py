@@ -1,0 +1,130 @@
+"""The value checks every config's `validate()` shares, so each rule has one wording.
+
+Every message names the field (with the caller's prefix, "config." for agent
+configs) and the value it got. `setting` declares an experiment setting with
+its check, its help and its group once; launch/train.py makes its flag from
+that declaration and `check_settings` runs its check.
+"""
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+POSITIVE = "positive"
+NON_NEGATIVE = "non-negative"
+PORT_RANGE = (0, 65535)
+
+
+def check_positive(name: str, value: Any) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+
+
+def check_non_negative(name: str, value: Any) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must not be negative, got {value}")
+
+
+def check_unit_interval(name: str, value: Any) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value}")
+
+
+def check_one_of(name: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_in_range(name: str, value: Any, low: Any, high: Any) -> None:
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in {low}..{high}, got {value}")
+
+
+def check_fields(
+    config: Any,
+    *,
+    prefix: str = "",
+    choices: Mapping[str, tuple] | None = None,
+    positive: Iterable[str] = (),
+    non_negative: Iterable[str] = (),
+    unit_interval: Iterable[str] = (),
+) -> None:
+    """Checks the named fields of `config`: choices first, then each bound.
+
+    Args:
+      config: the object whose attributes are checked.
+      prefix: put before each field's name in the messages ("config.").
+      choices: field name -> the values it may take.
+      positive, non_negative, unit_interval: names of fields that must be
+        > 0, >= 0, or within [0, 1].
+
+    Raises:
+      ValueError: naming the first field whose value breaks its rule.
+    """
+    for name, allowed in (choices or {}).items():
+        check_one_of(prefix + name, getattr(config, name), allowed)
+    for names, check in (
+        (positive, check_positive),
+        (non_negative, check_non_negative),
+        (unit_interval, check_unit_interval),
+    ):
+        for name in names:
+            check(prefix + name, getattr(config, name))
+
+
+def setting(
+    default: Any,
+    group: str,
+    help: str,
+    *,
+    check: str | tuple | None = None,
+    choices: tuple | None = None,
+    flag: str | None = None,
+) -> Any:
+    """A dataclass field declared with everything its flag and its check need.
+
+    Args:
+      default: the value when neither a flag nor a preset sets it.
+      group: the subsystem it belongs to ("actors", "replay", ...); its flag is
+        listed under it in `--helpfull`.
+      help: what it does, as its flag's help.
+      check: POSITIVE, NON_NEGATIVE, or an inclusive (low, high) range;
+        `check_settings` enforces it and its flag takes it as bounds.
+      choices: the values it may take (its flag is an enum).
+      flag: the flag's name where it differs from the field's (command lines
+        and the README use the shorter name).
+    """
+    metadata = {"group": group, "help": help, "check": check, "choices": choices, "flag": flag}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag_bounds(check: str | tuple | None, kind: type) -> tuple[Any, Any]:
+    """The (lower, upper) bounds a flag parser enforces for `check`; None: unbounded.
+
+    A positive float has no closed lower bound, so it is left to `check_settings`.
+    """
+    if isinstance(check, tuple):
+        return check
+    if check == NON_NEGATIVE:
+        return kind(0), None
+    if check == POSITIVE and kind is int:
+        return 1, None
+    return None, None
+
+
+def check_settings(config: Any) -> None:
+    """Runs the check and the choices each field of `config` was declared with (`setting`).
+
+    Raises:
+      ValueError: naming the first field, in declaration order, whose value breaks its rule.
+    """
+    for field in dataclasses.fields(config):
+        value, check = getattr(config, field.name), field.metadata.get("check")
+        if field.metadata.get("choices") is not None:
+            check_one_of(field.name, value, field.metadata["choices"])
+        if check == POSITIVE:
+            check_positive(field.name, value)
+        elif check == NON_NEGATIVE:
+            check_non_negative(field.name, value)
+        elif isinstance(check, tuple):
+            check_in_range(field.name, value, *check)
