@@ -7,7 +7,8 @@ and reserves placement groups: learners spread over hosts, replay and actors
 packed together. Each node's actor goes into its group's bundle, also when it
 is restarted. Nodes are built in two phases (create every actor, then
 construct every node with clients of the others), so handles may point in any
-direction.
+direction. A node lives in a `ray_nodes.NodeActor`; its handles become
+`ray_nodes.RayClient`s.
 """
 
 import logging
