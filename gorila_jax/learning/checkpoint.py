@@ -2,8 +2,9 @@
 
 Layout under `<logdir>/checkpoints/`:
   learner/<step>/   `state.npz` (the agent's train state, an opaque pytree,
-                    as raw leaf bytes with a manifest of shapes and dtypes)
-                    and `meta.json` (counters, evaluations, replay sizes)
+                    as raw leaf bytes with a manifest of shapes and dtypes:
+                    `checkpoint_files`) and `meta.json` (counters,
+                    evaluations, replay sizes)
   replay/<step>/    the Reverb checkpoint taken at the same learner step
                     (written by `replay.ReplayNode.checkpoint`); a replay of
                     K > 1 shards has replay/shard_<k>/<step>/ for each shard
@@ -22,7 +23,7 @@ Why not orbax: the learner's state is host numpy arrays written by one
 process, and orbax 0.11.5 inside a `jax.distributed` process (the chief of a
 multi-host learner) calls `key_value_try_get`, which jaxlib 0.4.34 lacks, and
 synchronises every process while only the chief saves. This format needs no
-other process. Checkpoints that orbax wrote (runs from before) still restore.
+other process.
 """
 
 import dataclasses
@@ -34,9 +35,9 @@ import uuid
 from typing import Any, Callable, NamedTuple
 
 import jax
-import numpy as np
 
 from gorila_jax import replay
+from gorila_jax.learning import checkpoint_files
 
 LEARNER_DIR = "learner"
 REPLAY_DIR = "replay"
@@ -94,9 +95,8 @@ def saved_steps(logdir: str) -> list[int]:
 
 STATE_FILE = "state.npz"
 META_FILE = "meta.json"
-_MANIFEST = "manifest"
 # Names a save in progress (or one cut short by a crash) has: never final, safe to delete.
-_PARTIAL_MARKERS = (".tmp-", ".old-", "orbax-checkpoint-tmp")
+_PARTIAL_MARKERS = (".tmp-", ".old-")
 
 
 class LearnerCheckpoints:
@@ -115,7 +115,6 @@ class LearnerCheckpoints:
         if max_to_keep is not None and max_to_keep < 1:
             raise ValueError(f"max_checkpoints_to_keep must be at least 1, got {max_to_keep}")
         self._directory, self._max_to_keep, self._read_only = directory, max_to_keep, read_only
-        self._orbax: _OrbaxReader | None = None  # made when a checkpoint of orbax's format is read
         if not read_only:
             os.makedirs(directory, exist_ok=True)
             for name in os.listdir(directory):
@@ -139,8 +138,10 @@ class LearnerCheckpoints:
         partial = f"{final}.tmp-{uuid.uuid4().hex[:8]}"
         os.makedirs(partial)
         try:
-            _write_state(os.path.join(partial, STATE_FILE), state)
-            _write_bytes(os.path.join(partial, META_FILE), json.dumps(meta).encode())
+            checkpoint_files.write_state(os.path.join(partial, STATE_FILE), state)
+            checkpoint_files.write_bytes(
+                os.path.join(partial, META_FILE), json.dumps(meta).encode()
+            )
             if os.path.exists(final):
                 # A save at a step that already has one: the final save of a run
                 # whose learner did not step since the last one. Counters and
@@ -154,7 +155,7 @@ class LearnerCheckpoints:
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
-        _fsync_directory(self._directory)
+        checkpoint_files.fsync_directory(self._directory)
         if self._max_to_keep is not None:
             for old_step in self.steps()[: -self._max_to_keep]:
                 shutil.rmtree(os.path.join(self._directory, str(old_step)), ignore_errors=True)
@@ -169,12 +170,7 @@ class LearnerCheckpoints:
             missing or truncated checkpoint; ValueError for one of another structure.
         """
         directory = os.path.join(self._directory, str(step))
-        state_path = os.path.join(directory, STATE_FILE)
-        if not os.path.exists(state_path) and os.path.isdir(os.path.join(directory, "state")):
-            if self._orbax is None:
-                self._orbax = _OrbaxReader(self._directory)
-            return self._orbax.restore(step, target)
-        state = _read_state(state_path, target, step)
+        state = checkpoint_files.read_state(os.path.join(directory, STATE_FILE), target, step)
         with open(os.path.join(directory, META_FILE)) as f:
             meta = json.load(f)
         return state, meta
@@ -194,123 +190,7 @@ class LearnerCheckpoints:
         return None
 
     def close(self) -> None:
-        if self._orbax is not None:
-            self._orbax.close()
-            self._orbax = None
-
-
-def _leaf_paths(tree: Any) -> tuple[list[str], list[Any]]:
-    with_paths, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return [jax.tree_util.keystr(path) for path, _ in with_paths], [x for _, x in with_paths]
-
-
-def _write_state(path: str, state: Any) -> None:
-    """`state`'s leaves as raw bytes, and a manifest of their paths, shapes and dtypes.
-
-    Raw bytes, because `np.save` loses dtypes numpy does not know (bfloat16).
-    """
-    paths, leaves = _leaf_paths(state)
-    arrays = [np.asarray(leaf) for leaf in leaves]
-    manifest = [[p, list(a.shape), str(a.dtype)] for p, a in zip(paths, arrays)]
-    members = {
-        f"leaf_{i}": np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        for i, a in enumerate(arrays)
-    }
-    members[_MANIFEST] = np.frombuffer(json.dumps(manifest).encode(), np.uint8)
-    with open(path, "wb") as f:
-        np.savez(f, **members)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _read_state(path: str, target: Any, step: int) -> Any:
-    paths, leaves = _leaf_paths(target)
-    expected = [np.asarray(leaf) for leaf in leaves]
-    with np.load(path) as saved:
-        manifest = json.loads(saved[_MANIFEST].tobytes())
-        saved_paths = [entry[0] for entry in manifest]
-        if saved_paths != paths:
-            first = next(
-                (f"{a} vs {b}" for a, b in zip(saved_paths, paths) if a != b),
-                f"{len(saved_paths)} leaves vs {len(paths)}",
-            )
-            raise ValueError(
-                f"checkpoint {step} holds a state of another structure than this agent's "
-                f"(saved vs expected: {first})"
-            )
-        restored = []
-        for i, ((leaf_path, shape, dtype), want) in enumerate(zip(manifest, expected)):
-            if tuple(shape) != want.shape or dtype != str(want.dtype):
-                raise ValueError(
-                    f"checkpoint {step} holds a {dtype}{list(shape)} leaf {leaf_path} where "
-                    f"this agent has {want.dtype}{list(want.shape)}"
-                )
-            restored.append(saved[f"leaf_{i}"].view(want.dtype).reshape(want.shape))
-    return jax.tree.unflatten(jax.tree.structure(target), restored)
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_directory(directory: str) -> None:
-    """Makes a rename inside `directory` durable (a crash after it keeps the new name)."""
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-class _DropOrbaxInfo(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or "orbax" not in record.pathname
-
-
-class _OrbaxReader:
-    """Reads learner checkpoints that orbax wrote (runs from before this format)."""
-
-    def __init__(self, directory: str):
-        import orbax.checkpoint as ocp  # only for old checkpoints
-
-        # orbax narrates every restore at INFO through absl's logger, which
-        # `absl.app.run` shows; its warnings and errors still come through.
-        absl_logger = logging.getLogger("absl")
-        if not any(isinstance(f, _DropOrbaxInfo) for f in absl_logger.filters):
-            absl_logger.addFilter(_DropOrbaxInfo())
-        self._ocp = ocp
-        options = ocp.CheckpointManagerOptions(create=False, cleanup_tmp_directories=False)
-        self._manager = ocp.CheckpointManager(
-            directory, options=options, item_names=("state", "meta")
-        )
-
-    def restore(self, step: int, target: Any) -> tuple[Any, dict[str, Any]]:
-        ocp = self._ocp
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()
-            ),
-        )
-        _check_same_structure(restored.state, target, step)
-        return restored.state, restored.meta
-
-    def close(self) -> None:
-        self._manager.close()
-
-
-def _check_same_structure(state: Any, target: Any, step: int) -> None:
-    if jax.tree.structure(state) != jax.tree.structure(target):
-        raise ValueError(f"checkpoint {step} holds a state of another structure than this agent's")
-    for restored, expected in zip(jax.tree.leaves(state), jax.tree.leaves(target)):
-        if restored.shape != expected.shape or restored.dtype != expected.dtype:
-            raise ValueError(
-                f"checkpoint {step} holds a {restored.dtype}{list(restored.shape)} leaf where "
-                f"this agent has {expected.dtype}{list(expected.shape)}"
-            )
+        """Nothing is held open between calls; the learner and shard nodes close it all the same."""
 
 
 class Restored(NamedTuple):
@@ -341,20 +221,17 @@ def restore_newest(
         raise CheckpointError(f"no checkpoint in {directory}")
     checkpoints = LearnerCheckpoints(directory, read_only=True)
     problems = []
-    try:
-        for step in reversed(candidates):
-            try:
-                state, meta = checkpoints.restore(step, target)
-                if need_replay:
-                    for directory in saved_replay_dirs(logdir):
-                        replay.check_checkpoint(os.path.join(directory, str(step)))
-                return Restored(step, state, meta)
-            except Exception as error:  # noqa: BLE001  any failure means: use an older one
-                detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
-                problems.append(f"step {step}: {detail}")
-                logging.warning("skipping checkpoint %s/%d: %s", directory, step, detail)
-    finally:
-        checkpoints.close()
+    for step in reversed(candidates):
+        try:
+            state, meta = checkpoints.restore(step, target)
+            if need_replay:
+                for replay_directory in saved_replay_dirs(logdir):
+                    replay.check_checkpoint(os.path.join(replay_directory, str(step)))
+            return Restored(step, state, meta)
+        except Exception as error:  # noqa: BLE001  any failure means: use an older one
+            detail = f"{type(error).__name__}: {error}".splitlines()[0][:300]
+            problems.append(f"step {step}: {detail}")
+            logging.warning("skipping checkpoint %s/%d: %s", directory, step, detail)
     raise CheckpointError(
         f"none of the {len(candidates)} checkpoints in {directory} could be restored "
         f"(newest first: {'; '.join(problems)})"

@@ -37,44 +37,54 @@ def make_program(
             cfg.data_balance_remedy, builder.replay_tables(spec), builder.sample_table
         )
     program = program_lib.Program("gorila")
-    no_cpu = program_lib.Resources(num_cpus=0)
-    saving = cfg.saves_checkpoints
     restore_step = resume.step if resume else None
     meta = resume.meta if resume else {}
     replay_nodes = _add_replay_shards(program, builder, cfg, spec, restore_step)
-    with program.group("monitor", no_cpu):
+    with program.group("monitor", program_lib.Resources(num_cpus=0)):
         monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
     restored_counters = meta.get("node_counters", {})
+    checkpoint_dir = checkpoint.learner_dir(cfg.logdir) if cfg.saves_checkpoints else None
     if cfg.learner_mode == "gorila":
-        shards = mode.add_nodes(
+        params_from = mode.add_nodes(
             program,
             builder,
             cfg,
             spec,
             replay_nodes,
             monitor_node,
-            checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
+            checkpoint_dir=checkpoint_dir,
             restore_step=restore_step,
             restored_counters=restored_counters,
         )
-        _add_actors_and_evaluator(
-            program, builder, cfg, spec, replay_nodes, shards, monitor_node, restored_counters
+    else:
+        params_from = _add_learners(
+            program, builder, cfg, spec, replay_nodes, monitor_node, checkpoint_dir, restore_step
         )
-        return program
-    multihost_kwargs = [{}]
+    nodes = (replay_nodes, params_from, monitor_node)
+    _add_actors_and_evaluator(program, builder, cfg, spec, nodes, restored_counters)
+    return program
+
+
+def _add_learners(
+    program: program_lib.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    replay_nodes: list[program_lib.Handle],
+    monitor_node: program_lib.Handle,
+    checkpoint_dir: str | None,
+    restore_step: int | None,
+) -> program_lib.Handle:
+    """The learner group: one process per learner host, joined by a rendezvous into one
+    `jax.distributed` job when more than one; returns the chief, which actors read from."""
+    per_process: list[dict[str, Any]] = [{}]
     if cfg.num_learner_hosts > 1:
-        with program.group("learner_rendezvous", no_cpu):
+        with program.group("learner_rendezvous", program_lib.Resources(num_cpus=0)):
             rendezvous = program.add_node(multihost.Rendezvous)
-        multihost_kwargs = [
-            dict(
-                num_learner_hosts=cfg.num_learner_hosts,
-                learner_process_id=process_id,
-                rendezvous=rendezvous,
-            )
-            for process_id in range(cfg.num_learner_hosts)
-        ]
+        job = dict(num_learner_hosts=cfg.num_learner_hosts, rendezvous=rendezvous)
+        per_process = [dict(job, learner_process_id=i) for i in range(cfg.num_learner_hosts)]
     with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
-        learner_nodes = [
+        handles = [
             program.add_node(
                 learner.LearnerNode,
                 builder,
@@ -83,7 +93,7 @@ def make_program(
                 monitor_node,
                 cfg.seed,
                 num_devices=cfg.num_learner_devices,
-                checkpoint_dir=checkpoint.learner_dir(cfg.logdir) if saving else None,
+                checkpoint_dir=checkpoint_dir,
                 checkpoint_interval_steps=cfg.checkpoint_interval_steps,
                 max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
                 restore_step=restore_step,
@@ -94,29 +104,19 @@ def make_program(
                 rollback_param_noise=cfg.rollback_param_noise,
                 **kwargs,
             )
-            for kwargs in multihost_kwargs
+            for kwargs in per_process
         ]
-    learner_node = learner_nodes[0]  # the chief: actors and evaluator read its parameters
-    for handle in learner_nodes:
-        program.node(handle.name).restartable(functools.partial(_restart_learner, saving))
+    restart = functools.partial(_restart_learner, cfg.saves_checkpoints)
+    for handle in handles:
+        program.node(handle.name).restartable(restart)
     if cfg.num_learner_hosts > 1:
         # One replaced process cannot rejoin the others' jax.distributed job: a
         # fault of any learner process replaces the rendezvous (so the new chief
         # publishes a fresh coordinator address) and then every learner process,
         # which resume from the chief's newest checkpoint.
         program.node(rendezvous.name).restartable(_restart_rendezvous)
-        program.restart_together([rendezvous.name, *(handle.name for handle in learner_nodes)])
-    _add_actors_and_evaluator(
-        program,
-        builder,
-        cfg,
-        spec,
-        replay_nodes,
-        learner_node,
-        monitor_node,
-        restored_counters,
-    )
-    return program
+        program.restart_together([rendezvous.name, *(handle.name for handle in handles)])
+    return handles[0]
 
 
 def _add_actors_and_evaluator(
@@ -124,13 +124,12 @@ def _add_actors_and_evaluator(
     builder: builder_lib.AgentBuilder,
     cfg: ExperimentConfig,
     spec: types.EnvSpec,
-    replay_node: program_lib.Handle | list[program_lib.Handle],
-    params_from: program_lib.Handle | list[program_lib.Handle],
-    monitor_node: program_lib.Handle,
-    restored_counters: dict[str, dict[str, int]] | None = None,
+    nodes: tuple,
+    restored_counters: dict[str, dict[str, int]],
 ) -> None:
-    """Actors, and the evaluator if evaluations are on; both read parameters
-    from `params_from`: the learner, or the list of Gorila shards."""
+    """Actors, and the evaluator if evaluations are on, wired to `nodes` = (replay shards,
+    parameter source, monitor); the parameter source is the learner, or the Gorila shards."""
+    replay_nodes, params_from, monitor_node = nodes
     if cfg.eval_interval_s > 0:
         with program.group("evaluator", program_lib.Resources(num_cpus=0)):
             program.add_node(
@@ -143,7 +142,6 @@ def _add_actors_and_evaluator(
                 cfg.eval_episodes,
                 cfg.eval_interval_s,
             )
-    restored_counters = restored_counters or {}
     caches = _add_param_caches(
         program, builder, cfg, spec, params_from, monitor_node, restored_counters
     )
@@ -151,19 +149,15 @@ def _add_actors_and_evaluator(
         for index in range(cfg.num_actors):
             # Actor i reads its host's cache: actors_per_host consecutive actors share one.
             reads = caches[index // cfg.actors_per_host] if caches else params_from
+            restored = restored_counters.get(f"actor/{index}")
             args, kwargs = actor_arguments(
-                builder,
-                cfg,
-                spec,
-                index,
-                (replay_node, reads, monitor_node),
-                restored_counters.get(f"actor/{index}"),
+                builder, cfg, spec, index, (replay_nodes, reads, monitor_node), restored
             )
             handle = program.add_node(actor.ActorNode, *args, **kwargs)
-            if isinstance(replay_node, list) and len(replay_node) > 1 and not caches:
+            if len(replay_nodes) > 1 and not caches:
                 # Placed beside the shard it writes to (a cache's actors go with the cache).
-                shard = replay.assigned_shard(index, len(replay_node))
-                program.node(handle.name).near = replay_node[shard].name
+                shard = replay.assigned_shard(index, len(replay_nodes))
+                program.node(handle.name).near = replay_nodes[shard].name
             # A replacement acts with the same index (seed offset) and config,
             # and continues the counters (and exploration schedule) it reported last.
             program.node(handle.name).restartable(monitor.continue_counters)
@@ -228,6 +222,7 @@ def _add_param_caches(
         return caches
     with program.group(param_cache.GROUP, program_lib.Resources(cfg.param_cache_cpus)):
         for host in range(cfg.num_actor_hosts):
+            counters = _int_counters(restored_counters.get(f"{param_cache.GROUP}/{host}"))
             handle = program.add_node(
                 param_cache.ParameterCache,
                 params_from,
@@ -238,9 +233,7 @@ def _add_param_caches(
                 monitor_node,
                 report_interval_s=cfg.heartbeat_interval_s,
                 min_fetch_interval_s=cfg.param_cache_min_fetch_interval_s,
-                restored_counters=_int_counters(
-                    restored_counters.get(f"{param_cache.GROUP}/{host}")
-                ),
+                restored_counters=counters,
             )
             program.node(handle.name).restartable(monitor.continue_counters)
             caches.append(handle)
@@ -334,8 +327,7 @@ def add_actor(
     total never goes backwards).
     """
     index = len(running.program.groups["actor"])
-    restored = running.client("monitor").node_counters().get(f"actor/{index}")
-    restored = None if restored is None else {k: int(v) for k, v in restored.items()}
+    restored = _int_counters(running.client("monitor").node_counters().get(f"actor/{index}"))
     args, kwargs = actor_arguments(builder, cfg, spec, index, actor_sources(running), restored)
     handle = running.add_node(
         "actor", actor.ActorNode, args, kwargs, restart_kwargs=monitor.continue_counters

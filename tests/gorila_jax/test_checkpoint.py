@@ -229,26 +229,20 @@ def test_a_partially_written_checkpoint_is_never_loaded(tmp_path):
     assert sorted(os.listdir(learner_dir)) == ["10", "20"]
 
 
-def test_a_checkpoint_that_orbax_wrote_in_an_earlier_version_still_restores(tmp_path):
-    import orbax.checkpoint as ocp
+def test_a_learner_checkpoint_keeps_bfloat16_leaves_and_refuses_another_agents_state(tmp_path):
+    import ml_dtypes
 
-    directory = checkpoint.learner_dir(tmp_path)
-    old_state = jax.device_get(dqn.DQNBuilder(CONFIG).init_train_state(jax.random.PRNGKey(7), SPEC))
-    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
-    manager = ocp.CheckpointManager(directory, options=options, item_names=("state", "meta"))
-    saved = ocp.args.Composite(
-        state=ocp.args.StandardSave(old_state), meta=ocp.args.JsonSave({"learner_steps": 7})
-    )
-    manager.save(7, args=saved)
-    manager.close()
-    # The resumed run writes the new format beside it; both load.
-    checkpoints = checkpoint.LearnerCheckpoints(directory, max_to_keep=2)
-    checkpoints.save(9, _target(), {"learner_steps": 9})
-    state, meta = checkpoints.restore(7, _target())
-    jax.tree.map(functools.partial(np.testing.assert_array_equal, strict=True), state, old_state)
-    assert meta == {"learner_steps": 7}
-    assert checkpoints.restore_newest(_target(), "learner/0")[0] == 9
-    checkpoints.close()
+    state = {"params": np.arange(6, dtype=ml_dtypes.bfloat16).reshape(2, 3), "step": np.int64(4)}
+    checkpoints = checkpoint.LearnerCheckpoints(str(tmp_path), max_to_keep=2)
+    checkpoints.save(4, state, {"learner_steps": 4})
+    restored, meta = checkpoints.restore(4, state)
+    jax.tree.map(functools.partial(np.testing.assert_array_equal, strict=True), restored, state)
+    assert meta == {"learner_steps": 4}
+    wider = {**state, "params": np.zeros((2, 4), ml_dtypes.bfloat16)}
+    with pytest.raises(ValueError, match=r"checkpoint 4 holds a bfloat16\[2, 3\] leaf"):
+        checkpoints.restore(4, wider)
+    with pytest.raises(ValueError, match="checkpoint 4 holds a state of another structure"):
+        checkpoints.restore(4, {**state, "target_params": state["params"]})
 
 
 def test_resume_without_a_checkpoint_fails_before_anything_starts(tmp_path):

@@ -7,15 +7,14 @@ and reserves placement groups: learners spread over hosts, replay and actors
 packed together. Each node's actor goes into its group's bundle, also when it
 is restarted. Nodes are built in two phases (create every actor, then
 construct every node with clients of the others), so handles may point in any
-direction.
+direction. A node lives in a `ray_nodes.NodeActor`; its handles become
+`ray_nodes.RayClient`s.
 """
 
-import concurrent.futures
 import logging
 import os
 import pathlib
 import socket
-import threading
 import time
 import uuid
 from typing import Any
@@ -25,165 +24,12 @@ import ray.exceptions
 
 from gorila_jax.distributed import placement as placement_lib
 from gorila_jax.distributed import program as program_lib
-from gorila_jax.distributed.launchers import base
+from gorila_jax.distributed.launchers import base, ray_nodes
 
 _REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 # Enough threads that a node's run loop never starves its client calls.
 _MAX_CONCURRENCY = 32
 _STOP_TIMEOUT_S = 60.0
-
-
-class _NodeActor:
-    """Hosts one node inside a Ray actor process (a threaded actor)."""
-
-    def __init__(self, name: str):
-        self._name = name
-        self._node: Any = None
-        self._error: BaseException | None = None
-        self._built = threading.Event()
-        self._stopped = threading.Event()
-
-    def construct(self, constructor, args: tuple, kwargs: dict) -> int:
-        try:
-            self._node = constructor(*args, **kwargs)
-        except BaseException as error:
-            self._error = error
-            raise
-        finally:
-            self._built.set()
-        return os.getpid()
-
-    def _get(self) -> Any:
-        self._built.wait()
-        if self._error is not None:
-            raise program_lib.NodeError(self._name, f"construction failed: {self._error!r}")
-        return self._node
-
-    def call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        return getattr(self._get(), method)(*args, **kwargs)
-
-    def run(self) -> None:
-        node = self._get()
-        if hasattr(node, "run"):
-            node.run()
-
-    def watch(self) -> None:
-        """Returns when the node is stopped; fails (ActorDiedError) if its process dies first.
-
-        Every node has one pending, so the launcher sees a dead process even
-        for nodes without a `run` loop (the replay server).
-        """
-        self._stopped.wait()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._built.is_set() and hasattr(self._node, "stop"):
-            self._node.stop()
-
-    def close(self) -> None:
-        if self._built.is_set() and hasattr(self._node, "close"):
-            self._node.close()
-
-
-# Client calls retried after a peer's death run here, so futures stay non-blocking.
-_retry_executor: concurrent.futures.ThreadPoolExecutor | None = None
-_retry_executor_lock = threading.Lock()
-
-
-def _executor() -> concurrent.futures.ThreadPoolExecutor:
-    global _retry_executor
-    with _retry_executor_lock:
-        if _retry_executor is None:
-            _retry_executor = concurrent.futures.ThreadPoolExecutor(
-                16, thread_name_prefix="ray-client"
-            )
-        return _retry_executor
-
-
-class RayClient(program_lib.Client):
-    """Calls a node hosted by a Ray actor; picklable, so nodes pass it to each other.
-
-    With `reconnect_timeout_s` > 0, a call to a node whose process died waits
-    up to that long for the launcher to start its replacement (a named actor
-    of the same name), then goes to the replacement: the callers of a
-    restarted learner or replay reconnect by themselves.
-    """
-
-    def __init__(
-        self,
-        node_name: str,
-        actor: Any,
-        actor_name: str | None = None,
-        namespace: str | None = None,
-        reconnect_timeout_s: float = 0.0,
-    ):
-        super().__init__(node_name)
-        self._actor = actor
-        self._actor_name, self._namespace = actor_name, namespace
-        self._reconnect_timeout_s = reconnect_timeout_s
-
-    def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        deadline = None
-        while True:
-            actor = self._actor
-            try:
-                return ray.get(actor.call.remote(method, args, kwargs))
-            except ray.exceptions.RayTaskError as error:
-                # Re-raise as the node's own exception type so callers can catch it.
-                raise error.as_instanceof_cause() from None
-            except ray.exceptions.RayActorError as error:
-                if not self._reconnect_timeout_s or self._actor_name is None:
-                    raise
-                if deadline is None:
-                    deadline = time.monotonic() + self._reconnect_timeout_s
-                    logging.warning("%s unreachable, waiting for its restart", self.node_name)
-                if time.monotonic() >= deadline:
-                    raise program_lib.NodeError(
-                        self.node_name,
-                        f"unreachable and not restarted within {self._reconnect_timeout_s}s: "
-                        f"{_first_line(error)}",
-                    ) from None
-                time.sleep(0.5)
-                self._actor = self._lookup(actor)
-
-    def _lookup(self, dead: Any) -> Any:
-        """The actor now carrying our node's name (the replacement, once it exists)."""
-        try:
-            return ray.get_actor(self._actor_name, namespace=self._namespace)
-        except ValueError:  # not (yet) created again
-            return dead
-
-    def _submit(self, method: str, args: tuple, kwargs: dict) -> concurrent.futures.Future:
-        future = self._actor.call.remote(method, args, kwargs).future()
-        if not self._reconnect_timeout_s:
-            return future
-        # Ray's own future while the node lives; a call that met a dead node
-        # is retried (waiting for the replacement) in a thread of this process.
-        outer: concurrent.futures.Future = concurrent.futures.Future()
-
-        def settle(done: concurrent.futures.Future) -> None:
-            error = done.exception()
-            if isinstance(error, ray.exceptions.RayActorError):
-                retry = _executor().submit(self._call, method, args, kwargs)
-                retry.add_done_callback(lambda again: _copy_outcome(again, outer))
-            else:
-                _copy_outcome(done, outer)
-
-        future.add_done_callback(settle)
-        return outer
-
-
-def _copy_outcome(source: concurrent.futures.Future, target: concurrent.futures.Future) -> None:
-    error = source.exception()
-    if error is not None:
-        target.set_exception(error)
-    else:
-        target.set_result(source.result())
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
 
 
 class RayProgram(base.RunningProgram):
@@ -192,7 +38,7 @@ class RayProgram(base.RunningProgram):
     Args:
       program: the graph to run.
       owns_cluster: `stop()` also disconnects from (or shuts down) the cluster.
-      reconnect_timeout_s: see `RayClient`.
+      reconnect_timeout_s: see `ray_nodes.RayClient`.
       placement: the placement groups reserved for the program; each node's
         actor (and its replacement after a restart) goes into its bundle.
         `stop()` releases them. None: Ray schedules every actor anywhere.
@@ -210,7 +56,7 @@ class RayProgram(base.RunningProgram):
         self._placement = placement
         self._stopped = False
         self._reconnect_timeout_s = reconnect_timeout_s
-        self._remote_cls = ray.remote(max_concurrency=_MAX_CONCURRENCY)(_NodeActor)
+        self._remote_cls = ray.remote(max_concurrency=_MAX_CONCURRENCY)(ray_nodes.NodeActor)
         # Named actors let clients find a restarted node; the id keeps two
         # programs in one cluster apart.
         self._namespace = ray.get_runtime_context().namespace
@@ -262,9 +108,9 @@ class RayProgram(base.RunningProgram):
         if spec.run_enabled:
             self._run_refs[spec.name] = actor.run.remote()
 
-    def client(self, name: str) -> RayClient:
+    def client(self, name: str) -> ray_nodes.RayClient:
         name = self.program.resolve_name(name)
-        return RayClient(
+        return ray_nodes.RayClient(
             name,
             self._actors[name],
             self._actor_name(name),
@@ -313,7 +159,7 @@ class RayProgram(base.RunningProgram):
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayError as error:
-                    failed[name] = _first_line(error)
+                    failed[name] = ray_nodes.first_line(error)
         return failed
 
     @property
@@ -437,7 +283,7 @@ def launch(
         program's request (oversubscribing is fine on one machine).
       object_store_memory: bytes for the private cluster's object store.
       reconnect_timeout_s: how long a call to a dead node waits for its
-        restart before it fails (`RayClient`); 0 fails at once.
+        restart before it fails (`ray_nodes.RayClient`); 0 fails at once.
       placement_timeout_s: how long Ray may take to reserve the placement
         groups (resources that exist but are held by other work).
 
