@@ -16,6 +16,10 @@ from gorila_jax import replay, types
 # (action, extras) with extras a pytree of [E, ...] arrays (a behaviour log-probability,
 # a value) that the actor hands to the agent's adder with the step; jitted. Evaluation
 # policies (make_policy(..., evaluation=True)) return the action alone.
+# Randomness is the caller's: it hands a fresh `key` at every call (the actor and the
+# evaluator one per vector step), and the policy draws from that key as it is, so the
+# same key and env_steps give the same action. `env_steps`, the caller's env-step count,
+# is for schedules (DQN's epsilon, SAC's random first steps), not a source of randomness.
 Policy = Callable[
     [types.Params, jax.Array, jax.Array, jax.Array], jax.Array | tuple[jax.Array, types.PyTree]
 ]

@@ -1,7 +1,8 @@
 """Data-parallel helpers for the learner: one axis name, one sharding rule.
 
-Only this module adds or removes the leading device axis; agents call `pmean`
-and `pmax` inside their per-device functions and never name the axis.
+Only this module adds or removes the leading device axis, and only it names the
+axis: agents call `psum`, `pmean`, `pmax` and `device_index` inside their
+per-device functions.
 """
 
 from typing import Any, Callable, Sequence
@@ -26,6 +27,11 @@ def local_devices(num_devices: int) -> list[jax.Device]:
     return available[: num_devices or None]
 
 
+def psum(tree: Any) -> Any:
+    """Sums `tree` over learner devices; call only inside a pmapped step."""
+    return jax.lax.psum(tree, axis_name=DATA_AXIS)
+
+
 def pmean(tree: Any) -> Any:
     """Averages `tree` over learner devices; call only inside a pmapped step."""
     return jax.lax.pmean(tree, axis_name=DATA_AXIS)
@@ -48,7 +54,7 @@ def device_index() -> jax.Array:
 
 def step_device_count() -> int:
     """How many learner devices the pmapped step runs on (a Python int at trace time)."""
-    return jax.lax.psum(1, axis_name=DATA_AXIS)
+    return psum(1)
 
 
 def shard(batch: Any, num_devices: int) -> Any:

@@ -25,12 +25,15 @@ def actor_epsilon_end(
 def make_epsilon_greedy(
     apply_fn: Callable, epsilon_fn: Callable[[jax.Array], jax.Array]
 ) -> builder_lib.Policy:
-    """A jitted `select_action(params, obs [E, ...], key, env_steps) -> action [E]`."""
+    """A jitted `select_action(params, obs [E, ...], key, env_steps) -> action [E]`.
+
+    Epsilon follows `env_steps`; the random draws come from `key` alone.
+    """
 
     @jax.jit
     def select_action(params, obs, key, env_steps):
         q = apply_fn(params, obs)  # [E, A]
-        explore_key, action_key = jax.random.split(jax.random.fold_in(key, env_steps))
+        explore_key, action_key = jax.random.split(key)
         greedy = jnp.argmax(q, axis=-1)
         random = jax.random.randint(action_key, greedy.shape, 0, q.shape[-1])
         explore = jax.random.uniform(explore_key, greedy.shape) < epsilon_fn(env_steps)

@@ -25,8 +25,6 @@ from agents.ppo import networks
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, types
 
-AXIS = parallel.DATA_AXIS  # the learner's pmap axis: psum and axis_index need its name
-
 
 class RunningStats(NamedTuple):
     """Running mean and variance of observations (Chan et al.'s parallel merge)."""
@@ -207,108 +205,138 @@ def _tree_where(condition, new, old):
     return jax.tree.map(lambda a, b: jnp.where(condition, a, b), new, old)
 
 
+def _normalized_advantages(advantage: jax.Array, valid: jax.Array, global_count: jax.Array):
+    """`advantage` standardized with the mean and variance of the global minibatch's valid steps."""
+    mean = parallel.psum(_masked_mean(advantage, valid, global_count))
+    var = parallel.psum(_masked_mean((advantage - mean) ** 2, valid, global_count))
+    return (advantage - mean) / (jnp.sqrt(var) + 1e-8)
+
+
+def _surrogate_loss(
+    network, distribution, cfg: config_lib.PPOConfig, params, steps: _Steps, global_count
+):
+    """This device's share of the global minibatch's loss, and of its metrics' means.
+
+    The clipped surrogate with value clipping and an entropy bonus; each share
+    is a sum over this device's valid steps divided by `global_count`, so that
+    psum-ing the shares (and the gradients) gives global means.
+    """
+    inputs, values = network.apply(params, steps.observation)
+    log_prob = distribution.log_prob(inputs, steps.raw_action)
+    log_ratio = log_prob - steps.start_log_prob
+    ratio = jnp.exp(log_ratio)
+    advantage = steps.advantage
+    if cfg.normalize_advantages:
+        advantage = _normalized_advantages(advantage, steps.valid, global_count)
+    clipped_ratio = jnp.clip(ratio, 1.0 - cfg.clip_epsilon, 1.0 + cfg.clip_epsilon)
+    pg_loss = -jnp.minimum(ratio * advantage, clipped_ratio * advantage)
+    value_loss = (values - steps.target) ** 2
+    if cfg.value_clip_epsilon:
+        clipped = steps.start_value + jnp.clip(
+            values - steps.start_value, -cfg.value_clip_epsilon, cfg.value_clip_epsilon
+        )
+        value_loss = jnp.maximum(value_loss, (clipped - steps.target) ** 2)
+    value_loss = 0.5 * value_loss
+    entropy = distribution.entropy(inputs)
+    total = pg_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
+    parts = {
+        "pg_loss": pg_loss,
+        "value_loss": value_loss,
+        "entropy": entropy,
+        "approx_kl": approx_kl(log_ratio),
+        "clip_fraction": (jnp.abs(ratio - 1.0) > cfg.clip_epsilon).astype(jnp.float32),
+    }
+    shares = {name: _masked_mean(x, steps.valid, global_count) for name, x in parts.items()}
+    return _masked_mean(total, steps.valid, global_count), shares
+
+
+def _minibatch_step(loss_fn: Callable, optimizer, kl_target: float, carry, minibatch: _Steps):
+    """One gradient step on a minibatch (a `lax.scan` body over an epoch's minibatches)."""
+    params, opt_state, lr, keep_going = carry
+    global_count = jnp.maximum(parallel.psum(jnp.sum(minibatch.valid)), 1)
+    (loss, shares), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, minibatch, global_count
+    )
+    loss, shares, grads = parallel.psum((loss, shares, grads))
+    # SB3's rule: a minibatch whose policy has drifted too far from the
+    # start policy is not learned from, and neither is anything after it.
+    if kl_target:
+        keep_going = keep_going & (shares["approx_kl"] <= 1.5 * kl_target)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    new_params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
+    params = _tree_where(keep_going, new_params, params)
+    opt_state = _tree_where(keep_going, new_opt_state, opt_state)
+    metrics = {"loss": loss, **shares, "applied": keep_going.astype(jnp.float32)}
+    return (params, opt_state, lr, keep_going), metrics
+
+
+def _epoch(minibatch_step: Callable, num_minibatches: int, carry, key: jax.Array):
+    """One pass over this device's steps in shuffled minibatches (a `lax.scan` body over epochs)."""
+    params, opt_state, lr, keep_going, steps = carry
+    order = jax.random.permutation(key, steps.valid.shape[0])
+    minibatches = jax.tree.map(
+        lambda x: x[order].reshape((num_minibatches, -1) + x.shape[1:]), steps
+    )
+    (params, opt_state, lr, keep_going), metrics = jax.lax.scan(
+        minibatch_step, (params, opt_state, lr, keep_going), minibatches
+    )
+    return (params, opt_state, lr, keep_going, steps), metrics
+
+
+def _learning_steps(
+    network, distribution, cfg: config_lib.PPOConfig, state: TrainState, traj: types.Trajectory
+) -> tuple[RunningStats, _Steps, jax.Array]:
+    """What the epochs learn from: the batch's steps with their V-trace targets and advantages.
+
+    Returns:
+      (observation statistics merged with the batch's if the config normalizes
+      observations, the steps [N, ...], the start policy's log-probabilities
+      of the actions [b, T]).
+    """
+    extras: PolicyExtras = traj.extras
+    length = traj.reward.shape[1]
+    obs_stats = state.obs_stats
+    if cfg.normalize_observations:
+        obs_stats = _updated_stats(obs_stats, traj.observation[:, :length])
+    observations = prepare_observations(traj.observation, obs_stats, cfg)  # [b, T+1, ...]
+    values, start_log_prob = evaluate_chunks(
+        network, distribution, state.params, observations, extras.raw_action
+    )
+    rhos = importance_weights(start_log_prob, extras.log_prob, cfg.rho_bar)
+    cs = importance_weights(start_log_prob, extras.log_prob, cfg.c_bar)
+    ended = traj.terminated | traj.truncated
+    chunk_targets = functools.partial(vtrace_gae, discount=cfg.discount, lam=cfg.gae_lambda)
+    targets, advantages = jax.vmap(chunk_targets)(
+        values, traj.reward, traj.terminated, ended, rhos, cs, rhos
+    )
+    steps = _Steps(
+        observation=_flat(observations[:, :length]),
+        raw_action=_flat(extras.raw_action),
+        start_log_prob=_flat(start_log_prob),
+        start_value=_flat(values[:, :length]),
+        target=_flat(targets),
+        advantage=_flat(advantages),
+        valid=_flat(traj.valid),
+    )
+    return obs_stats, steps, start_log_prob
+
+
 def make_update_fns(
     network: networks.ActorCritic,
     distribution: Any,
     cfg: config_lib.PPOConfig,
 ) -> builder_lib.UpdateFns:
     """The PPO learner step as `UpdateFns.update` (several gradient steps: update-only)."""
-    optimizer = make_optimizer(cfg)
-
-    def loss_fn(params, steps: _Steps, global_count):
-        inputs, values = network.apply(params, steps.observation)
-        log_prob = distribution.log_prob(inputs, steps.raw_action)
-        log_ratio = log_prob - steps.start_log_prob
-        ratio = jnp.exp(log_ratio)
-        advantage = steps.advantage
-        if cfg.normalize_advantages:
-            mean = jax.lax.psum(_masked_mean(advantage, steps.valid, global_count), AXIS)
-            var = jax.lax.psum(
-                _masked_mean((advantage - mean) ** 2, steps.valid, global_count), AXIS
-            )
-            advantage = (advantage - mean) / (jnp.sqrt(var) + 1e-8)
-        clipped_ratio = jnp.clip(ratio, 1.0 - cfg.clip_epsilon, 1.0 + cfg.clip_epsilon)
-        pg_loss = -jnp.minimum(ratio * advantage, clipped_ratio * advantage)
-        value_loss = (values - steps.target) ** 2
-        if cfg.value_clip_epsilon:
-            clipped = steps.start_value + jnp.clip(
-                values - steps.start_value, -cfg.value_clip_epsilon, cfg.value_clip_epsilon
-            )
-            value_loss = jnp.maximum(value_loss, (clipped - steps.target) ** 2)
-        value_loss = 0.5 * value_loss
-        entropy = distribution.entropy(inputs)
-        total = pg_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy
-        parts = {
-            "pg_loss": pg_loss,
-            "value_loss": value_loss,
-            "entropy": entropy,
-            "approx_kl": approx_kl(log_ratio),
-            "clip_fraction": (jnp.abs(ratio - 1.0) > cfg.clip_epsilon).astype(jnp.float32),
-        }
-        # Each device's share of global means; psum-ed by the caller with the gradients.
-        shares = {name: _masked_mean(x, steps.valid, global_count) for name, x in parts.items()}
-        return _masked_mean(total, steps.valid, global_count), shares
-
-    def minibatch_step(carry, minibatch: _Steps):
-        params, opt_state, lr, keep_going = carry
-        global_count = jnp.maximum(jax.lax.psum(jnp.sum(minibatch.valid), AXIS), 1)
-        (loss, shares), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            params, minibatch, global_count
-        )
-        loss, shares, grads = jax.lax.psum((loss, shares, grads), AXIS)
-        # SB3's rule: a minibatch whose policy has drifted too far from the
-        # start policy is not learned from, and neither is anything after it.
-        if cfg.kl_target:
-            keep_going = keep_going & (shares["approx_kl"] <= 1.5 * cfg.kl_target)
-        updates, new_opt_state = optimizer.update(grads, opt_state, params)
-        new_params = jax.tree.map(lambda p, u: p - lr * u, params, updates)
-        params = _tree_where(keep_going, new_params, params)
-        opt_state = _tree_where(keep_going, new_opt_state, opt_state)
-        metrics = {"loss": loss, **shares, "applied": keep_going.astype(jnp.float32)}
-        return (params, opt_state, lr, keep_going), metrics
-
-    def epoch(carry, key):
-        params, opt_state, lr, keep_going, steps = carry
-        count = steps.valid.shape[0]
-        order = jax.random.permutation(key, count)
-        minibatches = jax.tree.map(
-            lambda x: x[order].reshape((cfg.num_minibatches, -1) + x.shape[1:]), steps
-        )
-        (params, opt_state, lr, keep_going), metrics = jax.lax.scan(
-            minibatch_step, (params, opt_state, lr, keep_going), minibatches
-        )
-        return (params, opt_state, lr, keep_going, steps), metrics
+    loss_fn = functools.partial(_surrogate_loss, network, distribution, cfg)
+    minibatch_step = functools.partial(_minibatch_step, loss_fn, make_optimizer(cfg), cfg.kl_target)
+    epoch = functools.partial(_epoch, minibatch_step, cfg.num_minibatches)
 
     def update(state: TrainState, batch: builder_lib.SampledBatch):
         traj: types.Trajectory = batch.data
-        extras: PolicyExtras = traj.extras
-        length = traj.reward.shape[1]
-        obs_stats = state.obs_stats
-        if cfg.normalize_observations:
-            obs_stats = _updated_stats(obs_stats, traj.observation[:, :length])
-        observations = prepare_observations(traj.observation, obs_stats, cfg)  # [b, T+1, ...]
-        values, start_log_prob = evaluate_chunks(
-            network, distribution, state.params, observations, extras.raw_action
-        )
-        rhos = importance_weights(start_log_prob, extras.log_prob, cfg.rho_bar)
-        cs = importance_weights(start_log_prob, extras.log_prob, cfg.c_bar)
-        ended = traj.terminated | traj.truncated
-        chunk_targets = functools.partial(vtrace_gae, discount=cfg.discount, lam=cfg.gae_lambda)
-        targets, advantages = jax.vmap(chunk_targets)(
-            values, traj.reward, traj.terminated, ended, rhos, cs, rhos
-        )
-        steps = _Steps(
-            observation=_flat(observations[:, :length]),
-            raw_action=_flat(extras.raw_action),
-            start_log_prob=_flat(start_log_prob),
-            start_value=_flat(values[:, :length]),
-            target=_flat(targets),
-            advantage=_flat(advantages),
-            valid=_flat(traj.valid),
-        )
+        obs_stats, steps, start_log_prob = _learning_steps(network, distribution, cfg, state, traj)
         key, shuffle_key = jax.random.split(state.key)
         # Each device shuffles its own steps differently.
-        shuffle_key = jax.random.fold_in(shuffle_key, jax.lax.axis_index(AXIS))
+        shuffle_key = jax.random.fold_in(shuffle_key, parallel.device_index())
         lr = learning_rate(state.step, cfg)
         (params, opt_state, _, _, _), epoch_metrics = jax.lax.scan(
             epoch,
@@ -316,7 +344,7 @@ def make_update_fns(
             jax.random.split(shuffle_key, cfg.num_epochs),
         )
         new_state = TrainState(params, opt_state, obs_stats, state.step + 1, key)
-        raw_weights = jnp.exp(start_log_prob - extras.log_prob)
+        raw_weights = jnp.exp(start_log_prob - traj.extras.log_prob)
         metrics = _step_metrics(epoch_metrics, traj, raw_weights, state, lr, cfg.rho_bar)
         metrics.update(_per_actor_kl(network, distribution, params, steps, traj, cfg.num_actors))
         return new_state, builder_lib.StepInfo(priorities=None, metrics=metrics)
@@ -341,9 +369,9 @@ def evaluate_chunks(network, distribution, params, observations, raw_actions):
 def _updated_stats(stats: RunningStats, observations: jax.Array) -> RunningStats:
     """`stats` merged with the batch's observations [b, T, ...] of all devices."""
     obs = observations.reshape((-1,) + observations.shape[2:]).astype(jnp.float32)
-    count = jax.lax.psum(jnp.float32(obs.shape[0]), AXIS)
-    mean = jax.lax.psum(jnp.sum(obs, axis=0), AXIS) / count
-    var = jax.lax.psum(jnp.sum((obs - mean) ** 2, axis=0), AXIS) / count
+    count = parallel.psum(jnp.float32(obs.shape[0]))
+    mean = parallel.psum(jnp.sum(obs, axis=0)) / count
+    var = parallel.psum(jnp.sum((obs - mean) ** 2, axis=0)) / count
     return merge_stats(stats, count, mean, var)
 
 
@@ -355,19 +383,19 @@ def _step_metrics(epoch_metrics, traj: types.Trajectory, raw_weights, state, lr,
         name: jnp.sum(values * applied) / num_applied for name, values in epoch_metrics.items()
     }
     valid = traj.valid
-    global_valid = jnp.maximum(jax.lax.psum(jnp.sum(valid), AXIS), 1)
+    global_valid = jnp.maximum(parallel.psum(jnp.sum(valid)), 1)
     lag = (state.step - traj.param_version).astype(jnp.float32)
     metrics.update(
         minibatch_updates=jnp.sum(applied),
         learning_rate=lr,
-        policy_lag_mean=jax.lax.psum(_masked_mean(lag, valid, global_valid), AXIS),
-        policy_lag_max=jax.lax.pmax(jnp.max(jnp.where(valid, lag, 0.0)), AXIS),
-        importance_weight_mean=jax.lax.psum(
-            _masked_mean(jnp.minimum(raw_weights, rho_bar), valid, global_valid), AXIS
+        policy_lag_mean=parallel.psum(_masked_mean(lag, valid, global_valid)),
+        policy_lag_max=parallel.pmax(jnp.max(jnp.where(valid, lag, 0.0))),
+        importance_weight_mean=parallel.psum(
+            _masked_mean(jnp.minimum(raw_weights, rho_bar), valid, global_valid)
         ),
         # Steps whose pi/mu exceeded rho-bar, so that V-trace cut their weight.
-        truncated_weight_fraction=jax.lax.psum(
-            _masked_mean((raw_weights > rho_bar).astype(jnp.float32), valid, global_valid), AXIS
+        truncated_weight_fraction=parallel.psum(
+            _masked_mean((raw_weights > rho_bar).astype(jnp.float32), valid, global_valid)
         ),
     )
     return metrics
@@ -386,10 +414,9 @@ def _per_actor_kl(network, distribution, params, steps: _Steps, traj, num_actors
     behaviour = _flat(traj.extras.log_prob)
     kl = jnp.where(steps.valid, approx_kl(log_prob - behaviour), 0.0)
     actor = _flat(jnp.broadcast_to(traj.actor_index[:, None], traj.reward.shape))
-    sums = jax.lax.psum(jax.ops.segment_sum(kl, actor, num_segments=num_actors), AXIS)
-    counts = jax.lax.psum(
-        jax.ops.segment_sum(steps.valid.astype(jnp.float32), actor, num_segments=num_actors),
-        AXIS,
+    sums = parallel.psum(jax.ops.segment_sum(kl, actor, num_segments=num_actors))
+    counts = parallel.psum(
+        jax.ops.segment_sum(steps.valid.astype(jnp.float32), actor, num_segments=num_actors)
     )
     per_actor = jnp.where(counts > 0, sums / jnp.maximum(counts, 1.0), jnp.nan)
     return {f"kl/actor_{i}": per_actor[i] for i in range(num_actors)}

@@ -14,9 +14,10 @@ def make_acting_policy(
 
     @jax.jit
     def select_action(actor_params: learning.ActorParams, obs, key, env_steps):
+        del env_steps  # PPO has no schedule
         obs = learning.prepare_observations(obs, actor_params.obs_stats, cfg)
         inputs, value = network.apply(actor_params.params, obs)
-        raw_action = distribution.sample(jax.random.fold_in(key, env_steps), inputs)
+        raw_action = distribution.sample(key, inputs)
         log_prob = distribution.log_prob(inputs, raw_action)
         extras = learning.PolicyExtras(log_prob=log_prob, value=value, raw_action=raw_action)
         return distribution.to_env(raw_action), extras

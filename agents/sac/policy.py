@@ -30,6 +30,7 @@ def make_policy(
     `env_steps` (the actor's own count) is below `random_steps`, actions are
     uniform over that box: the first replay items cover the action space
     before the untrained policy narrows it (Haarnoja et al., 2018b, appendix D).
+    The random draws come from `key` alone.
     """
     low = np.asarray(spec.action_low, np.float32)
     high = np.asarray(spec.action_high, np.float32)
@@ -39,7 +40,7 @@ def make_policy(
         mean, log_std = policy_apply(params, obs)  # [E, A] each
         if evaluation:
             return learning.from_unit_interval(jnp.tanh(mean), low, high)
-        noise_key, random_key = jax.random.split(jax.random.fold_in(key, env_steps))
+        noise_key, random_key = jax.random.split(key)
         sampled, _ = learning.sample_tanh_gaussian(
             mean, log_std, jax.random.normal(noise_key, mean.shape)
         )

@@ -1,10 +1,11 @@
 """The actor node: an envpool vector env, a jitted policy on a local parameter copy, an adder."""
 
 import concurrent.futures
+import itertools
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -14,6 +15,20 @@ from gorila_jax import envs, replay, types
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 from gorila_jax.health import monitor as monitor_lib
+
+
+KEY_BLOCK = 1024  # step keys split at once
+
+
+def step_keys(key: jax.Array) -> Iterator[np.ndarray]:
+    """Yields the fresh key a caller hands its policy at each step; the same `key`, the same keys.
+
+    Step s gets key s % KEY_BLOCK of `split(fold_in(key, s // KEY_BLOCK), KEY_BLOCK)`.
+    The keys are split a block at a time into host memory because a `fold_in`
+    per step is a device call: it doubled the step of CartPole's DQN policy.
+    """
+    for block in itertools.count():
+        yield from np.asarray(jax.random.split(jax.random.fold_in(key, block), KEY_BLOCK))
 
 
 class EpisodeTracker:
@@ -128,11 +143,13 @@ class ActorNode(program.Worker):
         self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps
         self._env_threads = env_threads
         # fold_in by index: adding actors never changes the streams of existing ones.
-        self._key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
+        key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
         restored_counters = restored_counters or {}
         self.env_steps = int(restored_counters.get("env_steps", 0))
-        # A resumed actor must not replay the episodes its envs already played.
-        env_key = jax.random.fold_in(self._key, self.env_steps) if self.env_steps else self._key
+        if self.env_steps:
+            # A resumed actor must not replay its predecessor's episodes, nor its actions.
+            key = jax.random.fold_in(key, self.env_steps)
+        env_key, self._policy_key = jax.random.split(key)
         self._env_seed = int(jax.random.randint(env_key, (), 0, 2**31 - 1))
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
         if isinstance(replay_client, (list, tuple)):
@@ -182,10 +199,14 @@ class ActorNode(program.Worker):
         valid = np.ones(self._num_envs, bool)
         unwritten: types.EnvStep | None = None
         last_report = time.monotonic()
+        # One key per step of this loop, not per env step: a step in which every env
+        # resets adds no env step, and would repeat its predecessor's key. A resumed
+        # actor counts from 0 again, from a key of its own (see `__init__`).
+        keys = step_keys(self._policy_key)
         while not self.stopping and not self._budget_spent():
             params, version = puller.next_params(), puller.version
             action, extras = builder_lib.split_policy_output(
-                self._policy(params, obs, self._key, self.env_steps)
+                self._policy(params, obs, next(keys), self.env_steps)
             )
             action = np.asarray(action)
             # envpool steps the envs in its own thread while this one writes the

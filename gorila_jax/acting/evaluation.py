@@ -8,19 +8,24 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, types
+from gorila_jax.acting import actor
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 
 
 def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Array) -> np.ndarray:
-    """Plays one episode in each of `env`'s envs; returns their undiscounted returns [E]."""
+    """Plays one episode in each of `env`'s envs; returns their undiscounted returns [E].
+
+    The policy gets a fresh key from `key` at each step, as an actor's does.
+    """
     obs, _ = env.reset()
     num_envs = obs.shape[0]
     returns = np.zeros(num_envs, np.float64)
     done = np.zeros(num_envs, bool)
+    keys = actor.step_keys(key)
     step = 0
     while not done.all():
-        action, _ = builder_lib.split_policy_output(policy(params, obs, key, step))
+        action, _ = builder_lib.split_policy_output(policy(params, obs, next(keys), step))
         action = np.asarray(action)
         obs, reward, terminated, truncated, _ = env.step(action)
         returns += np.where(done, 0.0, reward)

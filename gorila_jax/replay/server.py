@@ -15,13 +15,34 @@ from reverb.cc.checkpointing import checkpoint_pb2
 from gorila_jax.replay import codec
 
 
-def _ray_node_ip() -> str | None:
-    try:
-        import ray
+# Any routable address: a UDP connect only picks the route toward it, nothing is sent.
+_ROUTE_PROBE = ("8.8.8.8", 53)
 
-        return ray.util.get_node_ip_address() if ray.is_initialized() else None
-    except ImportError:
-        return None
+
+def _reachable_host() -> str:
+    """The IPv4 address other hosts reach this one at, found as Ray finds a node's IP.
+
+    That of the interface the host's default route leaves by; on a host
+    without one, the address its name resolves to (loopback in a sandbox).
+    Ray gives a node the same address unless `ray start --node-ip-address`
+    names another, so a replay node on any host of a Ray cluster advertises
+    one the cluster's other nodes reach.
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(_ROUTE_PROBE)
+        return probe.getsockname()[0]
+    except OSError:
+        return _name_address()
+    finally:
+        probe.close()
+
+
+def _name_address() -> str:
+    try:
+        return socket.gethostbyname(socket.getfqdn())
+    except OSError:  # a host name that does not resolve
+        return socket.gethostbyname("localhost")
 
 
 CHECKPOINT_MANIFEST = "MANIFEST.json"
@@ -153,7 +174,7 @@ class ReplayNode:
                 # Taken between the check and the bind; Reverb's message names no port.
                 raise PortInUse(f"replay port {port} is already in use ({error})") from None
             raise
-        self._host = _ray_node_ip() or socket.gethostbyname("localhost")
+        self._host = _reachable_host()
         self._restored = {"step": restore_step, "table_sizes": expected_sizes or {}}
         if expected_sizes is not None:
             self._check_restored(expected_sizes, restore_step)

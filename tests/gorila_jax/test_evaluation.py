@@ -4,6 +4,7 @@ import dataclasses
 import threading
 
 import jax
+import numpy as np
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
@@ -78,3 +79,25 @@ def test_the_untrained_network_gets_no_periodic_look_but_is_evaluated_at_the_end
     assert monitor.evaluations == []
     _stop(node, thread, final_evaluation=True)
     assert monitor.evaluations == [(0, 2)]
+
+
+def _keys_of_an_evaluation(key) -> list[bytes]:
+    """The key of every policy call of `run_episodes` on 2 CartPole envs, pushing left."""
+    keys = []
+
+    def push_left(params, obs, key, env_steps):
+        keys.append(np.asarray(key).tobytes())
+        return np.zeros(obs.shape[0], np.int32)
+
+    env = envs.make_env(SPEC.env_id, 2, seed=0, evaluation=True)
+    try:
+        evaluation.run_episodes(env, push_left, PARAMS, key)
+    finally:
+        env.close()
+    return keys
+
+
+def test_every_step_of_an_evaluation_gets_a_fresh_key_and_the_same_key_replays_them():
+    keys = _keys_of_an_evaluation(jax.random.PRNGKey(3))
+    assert len(keys) > 1 and len(set(keys)) == len(keys)
+    assert _keys_of_an_evaluation(jax.random.PRNGKey(3)) == keys

@@ -1,5 +1,8 @@
 """Replay on a real Reverb server: writes, batched sampling, priority updates, rate limiting."""
 
+import errno
+import ipaddress
+import socket
 import threading
 
 import numpy as np
@@ -229,6 +232,51 @@ def test_a_replay_checkpoint_without_source_actors_fails_to_restore_with_the_rea
     )
     try:
         assert node.table_info()[TABLE]["size"] == 5
+    finally:
+        node.close()
+
+
+def _has_a_route() -> bool:
+    """Whether this host routes beyond itself (not so in some sandboxes)."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("8.8.8.8", 53))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def _one_table() -> list[reverb.Table]:
+    return [replay.uniform_table(TABLE, 10, reverb.rate_limiters.MinSize(1), CODEC.signature())]
+
+
+def _serves_its_table(node: replay.ReplayNode) -> bool:
+    return TABLE in reverb.Client(node.address()).server_info()
+
+
+def test_a_replay_node_advertises_an_address_other_hosts_reach_and_serves_at_it():
+    node = replay.ReplayNode(_one_table)
+    try:
+        host = node.address().rpartition(":")[0]
+        # A host with a route gives its outward interface's address, not loopback.
+        assert ipaddress.ip_address(host).is_loopback != _has_a_route()
+        assert _serves_its_table(node)
+    finally:
+        node.close()
+
+
+def test_a_replay_node_on_a_host_without_a_route_advertises_its_name_address(monkeypatch):
+    def unreachable(self, address):
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    monkeypatch.setattr(socket.socket, "connect", unreachable)
+    node = replay.ReplayNode(_one_table)
+    try:
+        # As Ray does then: the address the host's name resolves to.
+        assert node.address().rpartition(":")[0] == socket.gethostbyname(socket.getfqdn())
+        assert _serves_its_table(node)
     finally:
         node.close()
 
