@@ -22,7 +22,7 @@ import numpy as np
 from absl import app, flags
 
 from gorila_jax import envs
-from gorila_jax.acting import evaluation
+from gorila_jax.acting import actor, evaluation
 from gorila_jax.learning import checkpoint
 from launch import presets
 
@@ -82,9 +82,10 @@ def record_gif(builder, spec, params, seed: int, path: str, fps: int) -> int:
         raise ValueError(f"envpool cannot render {spec.env_id}: {error}") from None
     try:
         policy = builder.make_policy(spec, 0, 1, evaluation=True)
-        params, key, step, done = jax.device_put(params), jax.random.PRNGKey(seed), 0, False
+        params, step, done = jax.device_put(params), 0, False
+        keys = actor.step_keys(jax.random.PRNGKey(seed))  # a fresh key per step, as actors hand
         while not done:
-            action = np.asarray(policy(params, obs, key, step))
+            action = np.asarray(policy(params, obs, next(keys), step))
             obs, _, terminated, truncated, _ = env.step(action)
             frames.append(env.render()[0])  # [H, W, 3] uint8
             done, step = bool(terminated[0] or truncated[0]), step + 1
