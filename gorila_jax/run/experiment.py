@@ -169,11 +169,11 @@ def _actor_scaler(
         cfg.max_actors,
         cfg.elastic_policy,
         tracker,
-        cfg.data_balance_remedy == "replace",
+        cfg.balance_remedy == "replace",
         apply_existing=cfg.resume,
         sample_weights=(
             functools.partial(set_sample_weights, running)
-            if cfg.data_balance_remedy == "downweight"
+            if cfg.balance_remedy == "downweight"
             else None
         ),
         balance_weight=cfg.balance_weight,

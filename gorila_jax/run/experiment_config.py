@@ -266,17 +266,9 @@ class ExperimentConfig:
         "(prioritized replay only).",
         choices=balance.REMEDIES,
     )
-    balance_replace: bool = setting(
-        False, "balance", "The same as balance_remedy=replace (kept for existing command lines)."
-    )
     balance_weight: float = setting(
         0.5, "balance", "The downweight factor on a dominant actor's priorities, in (0, 1)."
     )
-
-    @property
-    def data_balance_remedy(self) -> str:
-        """The remedy in effect: balance_remedy, or "replace" when balance_replace is set."""
-        return "replace" if self.balance_replace else self.balance_remedy
 
     @property
     def elastic_policy(self) -> elastic.ElasticPolicy | None:
@@ -330,11 +322,6 @@ class ExperimentConfig:
         balance.validate(
             self.balance_factor, self.balance_interval_s, self.balance_remedy, self.balance_weight
         )
-        if self.balance_replace and self.balance_remedy not in ("report", "replace"):
-            raise ValueError(
-                f"balance_replace=True asks for balance_remedy='replace', but balance_remedy="
-                f"{self.balance_remedy!r}: set only one of them"
-            )
         self._check_resume()
 
     def _check_hosts(self) -> None:

@@ -34,7 +34,7 @@ def make_program(
     if cfg.balance_interval_s:
         # Before anything starts: "downweight" needs priorities in the sampled table.
         balance.check_remedy(
-            cfg.data_balance_remedy, builder.replay_tables(spec), builder.sample_table
+            cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table
         )
     program = program_lib.Program("gorila")
     restore_step = resume.step if resume else None

@@ -268,19 +268,11 @@ def test_the_downweight_remedy_sends_weights_to_the_learners_and_lifts_them(tmp_
             r"balance_weight must be in \(0, 1\)",
         ),
         (dict(balance_weight=1.0), r"balance_weight must be in \(0, 1\)"),
-        (dict(balance_replace=True, balance_remedy="downweight"), "set only one of them"),
     ],
 )
 def test_bad_balance_remedy_settings_are_rejected(tmp_path, settings, message):
     with pytest.raises(ValueError, match=message):
         _experiment(tmp_path, **settings).validate()
-
-
-def test_balance_replace_still_means_the_replace_remedy(tmp_path):
-    cfg = _experiment(tmp_path, balance_replace=True)
-    cfg.validate()
-    assert cfg.data_balance_remedy == "replace"
-    assert _experiment(tmp_path, balance_remedy="replace").data_balance_remedy == "replace"
 
 
 def test_downweighting_needs_a_prioritized_table(tmp_path):
@@ -427,7 +419,9 @@ def test_an_actor_with_many_more_envs_is_reported_and_replaced(tmp_path, monkeyp
         )
         return {"replaced": replaced, "learner": _nodes(tmp_path)["learner/0"]["counters"]}
 
-    seen = _run_unbalanced(tmp_path, monkeypatch, wait_for_the_replacement, balance_replace=True)
+    seen = _run_unbalanced(
+        tmp_path, monkeypatch, wait_for_the_replacement, balance_remedy="replace"
+    )
     assert seen["replaced"], "actor/1 was not replaced by an acting actor/2"
     rows = _rows(tmp_path)
     reported = [row for row in rows if row.get("dominant_actors") not in (None, "", "0")]
