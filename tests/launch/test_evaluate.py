@@ -40,7 +40,7 @@ def _saved_params(key: int):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A logdir as training leaves it: config.json and an orbax checkpoint of the learner."""
+    """A logdir as training leaves it: config.json and a checkpoint of the learner."""
     logdir = str(tmp_path_factory.mktemp("run"))
     builder = dqn.DQNBuilder(CONFIG)
     checkpoint.write_config(logdir, builder, experiment.ExperimentConfig(logdir=logdir))
