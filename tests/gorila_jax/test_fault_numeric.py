@@ -11,7 +11,8 @@ import reverb
 from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, replay
-from gorila_jax.learning import learner
+from gorila_jax.learning import learner, prefetch
+from gorila_jax.learning import step as step_lib
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 
 
@@ -19,13 +20,13 @@ def _guarded(num_devices: int, cfg=TINY):
     builder = dqn.DQNBuilder(cfg)
     devices = jax.devices()[:num_devices]
     step = parallel.pmap_step(
-        learner.make_guarded_step(builder.update_fns(SPEC), builder.actor_params),
+        step_lib.make_step(builder, SPEC),
         devices,
-        out_axes=(0, 0, 0, None),
+        out_axes=step_lib.OUT_AXES,
         donate_state=False,  # the test compares the old state with the new one
     )
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), devices)
-    return step, state, parallel.replicate(learner.init_guard(), devices)
+    return step, state, parallel.replicate(step_lib.init_guard(), devices)
 
 
 def _nan_batch(seed: int) -> builder_lib.SampledBatch:
@@ -112,7 +113,7 @@ CONFIG = dataclasses.replace(
 class _NanBatches:
     """Stands in for the learner's prefetcher: real sampled batches with one NaN reward."""
 
-    def __init__(self, real: learner.DevicePrefetcher, devices):
+    def __init__(self, real: prefetch.DevicePrefetcher, devices):
         self._real, self._devices = real, devices
 
     def get(self, timeout: float):

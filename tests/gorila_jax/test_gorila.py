@@ -16,6 +16,7 @@ from gorila_jax import envs, parallel, replay
 from gorila_jax.distributed import launchers, program
 from gorila_jax.gorila import compression, mode, parameter_server, shard_node, workers
 from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import step as step_lib
 from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
 
@@ -60,14 +61,11 @@ def _gorila_program(
 def _sync_params(batches) -> tuple:
     builder = dqn.DQNBuilder(CONFIG)
     devices = jax.devices()[:1]
-    step = parallel.pmap_step(
-        learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params),
-        devices,
-        out_axes=(0, 0, None),
-    )
+    step = parallel.pmap_step(step_lib.make_step(builder, SPEC), devices, step_lib.OUT_AXES)
     state = parallel.replicate(builder_lib.initial_train_state(builder, SPEC, SEED), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
     for batch in batches:
-        state, _, _ = step(state, parallel.shard_to_devices(batch, devices))
+        state, guard, _, _ = step(state, guard, parallel.shard_to_devices(batch, devices))
     state = parallel.unreplicate(state)
     return state.params, state.target_params
 
