@@ -44,6 +44,18 @@ class LossOutlierFilter:
         return True
 
 
+# A worker's own counters, continued from `restored_counters` by a restart or resume.
+_COUNTERS = (
+    "pushed",
+    "applied",
+    "dropped_stale",
+    "dropped_outlier",
+    "dropped_nonfinite",
+    "staleness_sum",
+    "bytes_sent",
+)
+
+
 class GradientWorkerNode(replay_learner.ReplayLearnerNode):
     """A Gorila learner: replay -> gradients on local parameters -> slices to the shards.
 
@@ -129,18 +141,8 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         self._guard = parallel.replicate(step_lib.init_guard(), self._devices)
         self._steps = 0
         self._latest_metrics: dict[str, Any] = {}
-        self.counters = {
-            "pushed": 0,
-            "applied": 0,
-            "dropped_stale": 0,
-            "dropped_outlier": 0,
-            "dropped_nonfinite": 0,
-            "staleness_sum": 0,
-            "bytes_sent": 0,
-        }
-        for name, value in (restored_counters or {}).items():
-            if name in self.counters:
-                self.counters[name] = int(value)
+        restored = restored_counters or {}
+        self.counters = {name: int(restored.get(name, 0)) for name in _COUNTERS}
         self._checkpoint_interval = checkpoint_interval_steps if checkpoint_dir else 0
         self._last_checkpoint_step = self.global_step()
 

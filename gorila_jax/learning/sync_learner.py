@@ -84,18 +84,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         self.rollbacks = 0
         # Which checkpoint this incarnation started from (-1: none); in its heartbeats.
         self._started_from = -1
-        state, self._steps = self._initial_state(spec, seed, restore_step if is_chief else None)
-        self._steps = max(self._steps, int((restored_counters or {}).get("learner_steps", 0)))
-        state = self._agreed(state)
-        self._last_checkpoint_step = self._steps
-        self._state = parallel.replicate(state, self._devices)
-        self._guard = parallel.replicate(
-            step_lib.init_guard(
-                int(self._guard_meta.get("skipped_steps", 0)),
-                float(self._guard_meta.get("lr_scale", 1.0)),
-            ),
-            self._devices,
-        )
+        self._place_state(spec, seed, restore_step if is_chief else None, restored_counters)
         # Held while the state is replaced or read for a checkpoint: a step
         # donates the old state's buffers, so a checkpoint must not read them then.
         self._state_lock = threading.Lock()
@@ -110,6 +99,27 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         self._last_info: builder_lib.StepInfo | None = None
         self._last_batch_size = 0
         self._last_report = 0.0
+
+    def _place_state(
+        self,
+        spec: types.EnvSpec,
+        seed: int,
+        restore_step: int | None,
+        restored_counters: dict[str, float] | None,
+    ) -> None:
+        """Puts the starting state and guard on the devices and sets the step count."""
+        state, self._steps = self._initial_state(spec, seed, restore_step)
+        self._steps = max(self._steps, int((restored_counters or {}).get("learner_steps", 0)))
+        state = self._agreed(state)
+        self._last_checkpoint_step = self._steps
+        self._state = parallel.replicate(state, self._devices)
+        self._guard = parallel.replicate(
+            step_lib.init_guard(
+                int(self._guard_meta.get("skipped_steps", 0)),
+                float(self._guard_meta.get("lr_scale", 1.0)),
+            ),
+            self._devices,
+        )
 
     def _agreed(self, state: Any) -> Any:
         """The state every process starts from; a one-host learner's own."""

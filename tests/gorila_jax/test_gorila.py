@@ -19,6 +19,7 @@ from gorila_jax.learning import checkpoint, learner
 from gorila_jax.learning import step as step_lib
 from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
+from tests.gorila_jax.test_fault_numeric import _nan_batch
 
 SPEC = envs.env_spec("CartPole-v1")
 SEED = 3
@@ -102,6 +103,35 @@ def test_gradients_on_stale_parameters_are_dropped_and_counted():
         shard_counters = [running.client(f"parameter_server/{i}").counters() for i in range(2)]
     assert applied == [True, False, False, True, False, False]
     assert all(c["applied"] == 2 and c["dropped_stale"] == 4 for c in shard_counters)
+
+
+def test_a_workers_step_is_the_guarded_one_and_flags_a_nan_gradient():
+    builder = dqn.DQNBuilder(CONFIG)
+    devices = jax.devices()[:1]
+    step = parallel.pmap_step(
+        step_lib.make_step(builder, SPEC, gradient_worker=True), devices, step_lib.OUT_AXES
+    )
+    state = parallel.replicate(builder_lib.initial_train_state(builder, SPEC, SEED), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
+    state, guard, info, out = step(state, guard, parallel.shard(_random_batch(0), 1))
+    assert bool(out.finite) and bool(out.pushable)
+    _, guard, info, out = step(state, guard, parallel.shard(_nan_batch(1), 1))
+    assert not bool(out.finite) and not bool(out.pushable)
+    assert np.isnan(np.asarray(info.priorities)).all()
+    assert int(guard.skipped_steps[0]) == 1
+
+
+def test_a_nan_gradient_is_never_pushed_and_counts_as_nonfinite():
+    devices = jax.devices()[:1]
+    with launchers.launch(_gorila_program(1, max_staleness=-1), "local") as running:
+        worker = running.client("gradient_worker")
+        assert worker.step_on(None, parallel.shard_to_devices(_random_batch(0), devices))
+        assert not worker.step_on(None, parallel.shard_to_devices(_nan_batch(1), devices))
+        metrics = worker.latest_metrics()
+        assert metrics["nonfinite_skipped_steps"] == 1.0
+        assert running.client("parameter_server").get()[0] == 1  # the NaN never reached it
+        assert worker.step_on(None, parallel.shard_to_devices(_random_batch(2), devices))
+        assert running.client("parameter_server").get()[0] == 2
 
 
 def test_loss_outliers_are_dropped_after_warmup_and_do_not_widen_the_band():
