@@ -14,12 +14,14 @@ import numpy as np
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, types
 from gorila_jax.distributed import program
-from gorila_jax.learning import multihost_learner, sync_learner
+from gorila_jax.learning import multihost_learner, prefetch, sync_learner
 from gorila_jax.learning import step as step_lib
 
-# The names the wiring, the Gorila shards and the tests know the learner's by.
+# The names the wiring, the Gorila shards and the tests know the learner's by
+# (tests/gorila_jax/test_hard_inputs.py drives a DevicePrefetcher of its own).
 NEWEST = sync_learner.NEWEST
 NumericalFault = sync_learner.NumericalFault
+DevicePrefetcher = prefetch.DevicePrefetcher
 
 
 class LearnerNode(sync_learner.SyncLearnerNode):
