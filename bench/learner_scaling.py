@@ -68,25 +68,33 @@ def _child() -> None:
     from agents import dqn
     from gorila_jax import builder as builder_lib
     from gorila_jax import envs, parallel
-    from gorila_jax.learning import learner
+    from gorila_jax.learning import multihost_learner
+    from gorila_jax.learning import step as step_lib
 
     spec = envs.env_spec(_ENV.value)
     builder = dqn.DQNBuilder(dqn.DQNConfig(batch_size=_BATCH.value))
     builder.validate(jax.device_count(), spec)
-    step_fn = learner.make_learner_step(builder.update_fns(spec), builder.actor_params)
     local = jax.local_devices()
-    state = parallel.replicate(builder_lib.initial_train_state(builder, spec, 0), local)
+    # (state, guard): the learner nodes' guarded step carries both.
+    state = (
+        parallel.replicate(builder_lib.initial_train_state(builder, spec, 0), local),
+        parallel.replicate(step_lib.init_guard(), local),
+    )
     batch = multihost.process_rows(
         _global_batch(spec, _BATCH.value), _PROCESS_ID.value, _NUM_PROCESSES.value
     )
     batch = parallel.shard_to_devices(batch, local)  # on device once: time the update only
     if _GLOBAL_STEP.value:
-        global_step = multihost.make_global_step(step_fn, out_axes=(0, 0, None))
+        global_step = multihost_learner.make_global_step(builder, spec)
         votes = multihost.stop_votes(False)
         step = lambda s: global_step(s, batch, votes)[:3]  # noqa: E731
     else:
-        pmapped = parallel.pmap_step(step_fn, local, out_axes=(0, 0, None))
-        step = lambda s: pmapped(s, batch)  # noqa: E731
+        pmapped = parallel.pmap_step(step_lib.make_step(builder, spec), local, step_lib.OUT_AXES)
+
+        def step(s):
+            state, guard, info, published = pmapped(*s, batch)
+            return (state, guard), info, published
+
     for _ in range(2):  # compile and warm up
         state, info, _ = step(state)
     jax.block_until_ready(info)

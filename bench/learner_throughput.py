@@ -31,6 +31,7 @@ from agents import dqn  # noqa: E402
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, replay, types
 from gorila_jax.learning import learner
+from gorila_jax.learning import step as step_lib
 from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
@@ -73,17 +74,17 @@ def _rate(fn, seconds: float, drain=lambda: None) -> float:
 
 def bare_update(builder, spec, batch_size: int, seconds: float) -> float:
     devices = jax.local_devices()
-    step_fn = learner.make_learner_step(builder.update_fns(spec), builder.actor_params)
-    step = parallel.pmap_step(step_fn, devices, out_axes=(0, 0, None))
+    step = parallel.pmap_step(step_lib.make_step(builder, spec), devices, step_lib.OUT_AXES)
     data = _random_transitions(spec, batch_size, seed=1)
     sampled = builder_lib.SampledBatch(
         data, np.full(batch_size, 1.0 / batch_size), np.full(batch_size, batch_size)
     )
     batch = parallel.shard_to_devices(sampled, devices)
     state = [parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), spec), devices)]
+    guard = [parallel.replicate(step_lib.init_guard(), devices)]
 
     def one_update():
-        state[0], info, _ = step(state[0], batch)
+        state[0], guard[0], info, _ = step(state[0], guard[0], batch)
         jax.block_until_ready(info.metrics)
 
     return _rate(one_update, seconds)

@@ -166,15 +166,21 @@ class AgentBuilder(Protocol):
     def actor_params(self, state: Any) -> types.Params:
         """The part of the learner state that actors act with."""
 
+    def trainable_params(self, state: Any) -> types.Params:
+        """The parameters the agent's optimizers train: those the gradients of
+        `update_fns().compute_grads` are for, the ones the numeric guard's
+        learning-rate scale slows and a rollback's noise perturbs."""
+
+    def with_trainable_params(self, state: Any, params: types.Params) -> Any:
+        """`state` with `params` (shaped as `trainable_params(state)`) in their place and
+        nothing else changed; jittable, called inside the learner step."""
+
     # Gorila mode: parameter-server shards own the trainable parameters and
     # apply the agent's elementwise optimizer to their slices; gradient
     # workers keep the rest of the state (targets, counters) themselves.
 
     def shard_optimizer(self) -> Any:
         """The optax optimizer a shard applies to its slice (must be elementwise)."""
-
-    def trainable_params(self, state: Any) -> types.Params:
-        """The parameters the gradients of `update_fns().compute_grads` are for."""
 
     def with_params(self, state: Any, params: types.Params, step: int) -> Any:
         """A worker's state on parameters pulled from the shards at global update `step`."""

@@ -132,13 +132,18 @@ class DQNBuilder:
             cfg.epsilon_end, cfg.epsilon_end_spread, position, num_actors
         )
 
+    def trainable_params(self, state: learning.TrainState) -> types.Params:
+        return state.params
+
+    def with_trainable_params(
+        self, state: learning.TrainState, params: types.Params
+    ) -> learning.TrainState:
+        return state._replace(params=params)
+
     # Gorila mode: shards own the parameters and the optimizer; workers keep the rest.
 
     def shard_optimizer(self):
         return learning.make_optimizer(self.config)
-
-    def trainable_params(self, state: learning.TrainState) -> types.Params:
-        return state.params
 
     def with_params(
         self, state: learning.TrainState, params: types.Params, step: int

@@ -109,6 +109,14 @@ class PPOBuilder:
             )
         return policy.make_acting_policy(network, distribution, self.config)
 
+    def trainable_params(self, state: learning.TrainState) -> types.Params:
+        return state.params
+
+    def with_trainable_params(
+        self, state: learning.TrainState, params: types.Params
+    ) -> learning.TrainState:
+        return state._replace(params=params)
+
     # Gorila mode needs an update made of one gradient (compute_grads/apply_grads).
 
     def _no_gorila(self):
@@ -119,9 +127,6 @@ class PPOBuilder:
 
     def shard_optimizer(self):
         raise self._no_gorila()
-
-    def trainable_params(self, state: learning.TrainState) -> types.Params:
-        return state.params
 
     def with_params(self, state: learning.TrainState, params: types.Params, step: int):
         raise self._no_gorila()

@@ -105,13 +105,23 @@ class SACBuilder:
         random_steps = policy.actor_random_steps(self.config.random_steps, num_actors)
         return policy.make_policy(self._networks(spec).policy.apply, spec, evaluation, random_steps)
 
+    def trainable_params(self, state: learning.TrainState) -> dict[str, types.Params]:
+        """What the three optimizers train: the policy, both critics and the temperature."""
+        return {
+            "policy_params": state.policy_params,
+            "critic_params": state.critic_params,
+            "log_alpha": state.log_alpha,
+        }
+
+    def with_trainable_params(
+        self, state: learning.TrainState, params: dict[str, types.Params]
+    ) -> learning.TrainState:
+        return state._replace(**params)
+
     # Gorila mode needs (compute_grads, apply_grads) with one elementwise
     # optimizer; SAC's update is three optimizers in sequence.
 
     def shard_optimizer(self):
-        learning.unsupported_in_gorila_mode()
-
-    def trainable_params(self, state: learning.TrainState) -> types.Params:
         learning.unsupported_in_gorila_mode()
 
     def with_params(

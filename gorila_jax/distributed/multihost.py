@@ -23,6 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from gorila_jax import parallel
+from gorila_jax.distributed import placement
 
 # XLA's flag for the number of fake CPU devices; read when the CPU backend starts.
 _CPU_DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -82,14 +83,7 @@ def host_address() -> str:
     Under Ray, the node's IP (what Ray itself uses between nodes); otherwise
     the address the host name resolves to.
     """
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:
-        pass
-    return socket.gethostbyname(socket.gethostname())
+    return placement.node_ip_address() or socket.gethostbyname(socket.gethostname())
 
 
 class Rendezvous:

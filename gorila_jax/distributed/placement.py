@@ -277,3 +277,8 @@ def reserve(
             f"{'/'.join(p.strategy for p in plans if p.name in waiting)} placement cannot fit"
         )
     return placement
+
+
+def node_ip_address() -> str | None:
+    """This process's node IP as Ray knows it, or None outside a Ray cluster."""
+    return ray.util.get_node_ip_address() if ray.is_initialized() else None

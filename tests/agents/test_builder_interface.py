@@ -58,6 +58,7 @@ def test_the_contract_is_what_the_skeleton_calls():
         "actor_params",
         "shard_optimizer",
         "trainable_params",
+        "with_trainable_params",
         "with_params",
         "make_policy",
     }

@@ -10,7 +10,7 @@ from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel
 from gorila_jax.distributed import launchers
-from gorila_jax.learning import learner
+from gorila_jax.learning import step as step_lib
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 from tests.gorila_jax import test_nodes
 
@@ -74,11 +74,12 @@ def test_the_learner_follows_the_schedule_within_the_replay_ratio():
 
 def test_the_update_compiles_once_per_distinct_batch_size():
     builder = dqn.DQNBuilder(TINY)
-    step_fn = learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params)
+    step_fn = step_lib.make_step(builder, SPEC)
     chex.clear_trace_counter()
     step = parallel.pmap_step(
-        chex.assert_max_traces(step_fn, n=3), jax.devices(), out_axes=(0, 0, None)
+        chex.assert_max_traces(step_fn, n=3), jax.devices(), out_axes=step_lib.OUT_AXES
     )
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), jax.devices())
+    guard = parallel.replicate(step_lib.init_guard(), jax.devices())
     for seed, size in enumerate([32, 32, 64, 64, 128, 128, 128]):
-        state, _, _ = step(state, parallel.shard(_random_batch(seed, size), 4))
+        state, guard, _, _ = step(state, guard, parallel.shard(_random_batch(seed, size), 4))

@@ -8,24 +8,27 @@ import numpy as np
 import pytest
 import reverb
 
-from agents import dqn
+from agents import dqn, ppo, sac
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, replay
-from gorila_jax.learning import learner
+from gorila_jax.learning import learner, prefetch
+from gorila_jax.learning import step as step_lib
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
+from tests.agents.ppo import test_learning as ppo_test
+from tests.agents.sac import test_learning as sac_test
 
 
 def _guarded(num_devices: int, cfg=TINY):
     builder = dqn.DQNBuilder(cfg)
     devices = jax.devices()[:num_devices]
     step = parallel.pmap_step(
-        learner.make_guarded_step(builder.update_fns(SPEC), builder.actor_params),
+        step_lib.make_step(builder, SPEC),
         devices,
-        out_axes=(0, 0, 0, None),
+        out_axes=step_lib.OUT_AXES,
         donate_state=False,  # the test compares the old state with the new one
     )
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), devices)
-    return step, state, parallel.replicate(learner.init_guard(), devices)
+    return step, state, parallel.replicate(step_lib.init_guard(), devices)
 
 
 def _nan_batch(seed: int) -> builder_lib.SampledBatch:
@@ -70,6 +73,59 @@ def test_the_learning_rate_scale_shortens_each_parameter_step():
     assert any(np.abs(b).max() > 0 for b in jax.tree.leaves(moved_full))
 
 
+def _full_and_scaled_step(builder, spec, batch, scale: float = 0.5):
+    """(start, after a full step, after a step at learning-rate scale `scale`) on one device."""
+    devices = jax.devices()[:1]
+    step = parallel.pmap_step(
+        step_lib.make_step(builder, spec), devices, step_lib.OUT_AXES, donate_state=False
+    )
+    state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), spec), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
+    batch = parallel.shard(batch, 1)
+    full = step(state, guard, batch)[0]
+    scaled = step(state, guard._replace(lr_scale=guard.lr_scale * scale), batch)[0]
+    return [jax.device_get(parallel.unreplicate(tree)) for tree in (state, full, scaled)]
+
+
+def _assert_params_moved_by(scale, start, full, scaled):
+    for old, new, part in zip(*(jax.tree.leaves(tree) for tree in (start, full, scaled))):
+        np.testing.assert_allclose(part - old, scale * (new - old), rtol=1e-4, atol=1e-7)
+    assert any(
+        np.abs(new - old).max() > 0 for old, new in zip(*map(jax.tree.leaves, (start, full)))
+    )
+
+
+def test_the_scale_leaves_the_fp16_loss_scale_as_an_unscaled_step_does():
+    cfg = dataclasses.replace(TINY, precision="fp16", loss_scale_period=1)
+    start, full, scaled = _full_and_scaled_step(dqn.DQNBuilder(cfg), SPEC, _random_batch(0))
+    assert float(full.loss_scale.scale) == 2 * float(start.loss_scale.scale)  # it grew
+    assert _bits(scaled.loss_scale) == _bits(full.loss_scale)
+    assert _bits(scaled.step) == _bits(full.step)
+    _assert_params_moved_by(0.5, start.params, full.params, scaled.params)
+
+
+def test_the_scale_leaves_ppo_observation_statistics_as_an_unscaled_step_does():
+    cfg = dataclasses.replace(
+        ppo_test.TINY, normalize_observations=True, num_minibatches=1, learning_rate=1e-3
+    )
+    builder = ppo.PPOBuilder(cfg)
+    params = builder.init_train_state(jax.random.PRNGKey(0), ppo_test.CARTPOLE).params
+    batch = ppo_test._batch(builder, ppo_test.CARTPOLE, params, seed=0)
+    start, full, scaled = _full_and_scaled_step(builder, ppo_test.CARTPOLE, batch)
+    assert _bits(full.obs_stats) != _bits(start.obs_stats)  # the step updated them
+    assert _bits(scaled.obs_stats) == _bits(full.obs_stats)
+    _assert_params_moved_by(0.5, start.params, full.params, scaled.params)
+
+
+def test_the_scale_moves_sacs_trainable_params_and_not_its_target_critics():
+    start, full, scaled = _full_and_scaled_step(
+        sac.SACBuilder(sac_test.TINY), sac_test.SPEC, sac_test._random_batch(0)
+    )
+    assert _bits(scaled.target_critic_params) == _bits(full.target_critic_params)
+    for name in ("policy_params", "critic_params", "log_alpha"):
+        _assert_params_moved_by(0.5, *(getattr(tree, name) for tree in (start, full, scaled)))
+
+
 def test_non_finite_priorities_are_dropped_and_the_items_keep_their_old_ones():
     table = reverb.Table(
         "t",
@@ -112,7 +168,7 @@ CONFIG = dataclasses.replace(
 class _NanBatches:
     """Stands in for the learner's prefetcher: real sampled batches with one NaN reward."""
 
-    def __init__(self, real: learner.DevicePrefetcher, devices):
+    def __init__(self, real: prefetch.DevicePrefetcher, devices):
         self._real, self._devices = real, devices
 
     def get(self, timeout: float):

@@ -16,8 +16,10 @@ from gorila_jax import envs, parallel, replay
 from gorila_jax.distributed import launchers, program
 from gorila_jax.gorila import compression, mode, parameter_server, shard_node, workers
 from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import step as step_lib
 from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
+from tests.gorila_jax.test_fault_numeric import _nan_batch
 
 SPEC = envs.env_spec("CartPole-v1")
 SEED = 3
@@ -60,14 +62,11 @@ def _gorila_program(
 def _sync_params(batches) -> tuple:
     builder = dqn.DQNBuilder(CONFIG)
     devices = jax.devices()[:1]
-    step = parallel.pmap_step(
-        learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params),
-        devices,
-        out_axes=(0, 0, None),
-    )
+    step = parallel.pmap_step(step_lib.make_step(builder, SPEC), devices, step_lib.OUT_AXES)
     state = parallel.replicate(builder_lib.initial_train_state(builder, SPEC, SEED), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
     for batch in batches:
-        state, _, _ = step(state, parallel.shard_to_devices(batch, devices))
+        state, guard, _, _ = step(state, guard, parallel.shard_to_devices(batch, devices))
     state = parallel.unreplicate(state)
     return state.params, state.target_params
 
@@ -104,6 +103,35 @@ def test_gradients_on_stale_parameters_are_dropped_and_counted():
         shard_counters = [running.client(f"parameter_server/{i}").counters() for i in range(2)]
     assert applied == [True, False, False, True, False, False]
     assert all(c["applied"] == 2 and c["dropped_stale"] == 4 for c in shard_counters)
+
+
+def test_a_workers_step_is_the_guarded_one_and_flags_a_nan_gradient():
+    builder = dqn.DQNBuilder(CONFIG)
+    devices = jax.devices()[:1]
+    step = parallel.pmap_step(
+        step_lib.make_step(builder, SPEC, gradient_worker=True), devices, step_lib.OUT_AXES
+    )
+    state = parallel.replicate(builder_lib.initial_train_state(builder, SPEC, SEED), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
+    state, guard, info, out = step(state, guard, parallel.shard(_random_batch(0), 1))
+    assert bool(out.finite) and bool(out.pushable)
+    _, guard, info, out = step(state, guard, parallel.shard(_nan_batch(1), 1))
+    assert not bool(out.finite) and not bool(out.pushable)
+    assert np.isnan(np.asarray(info.priorities)).all()
+    assert int(guard.skipped_steps[0]) == 1
+
+
+def test_a_nan_gradient_is_never_pushed_and_counts_as_nonfinite():
+    devices = jax.devices()[:1]
+    with launchers.launch(_gorila_program(1, max_staleness=-1), "local") as running:
+        worker = running.client("gradient_worker")
+        assert worker.step_on(None, parallel.shard_to_devices(_random_batch(0), devices))
+        assert not worker.step_on(None, parallel.shard_to_devices(_nan_batch(1), devices))
+        metrics = worker.latest_metrics()
+        assert metrics["nonfinite_skipped_steps"] == 1.0
+        assert running.client("parameter_server").get()[0] == 1  # the NaN never reached it
+        assert worker.step_on(None, parallel.shard_to_devices(_random_batch(2), devices))
+        assert running.client("parameter_server").get()[0] == 2
 
 
 def test_loss_outliers_are_dropped_after_warmup_and_do_not_widen_the_band():

@@ -23,7 +23,8 @@ from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
 from gorila_jax.distributed import multihost
-from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import checkpoint, multihost_learner
+from gorila_jax.learning import step as step_lib
 
 ENV_ID = "CartPole-v1"
 SEED = 5
@@ -102,26 +103,26 @@ def _child_main(argv: list[str]) -> None:
     # Process 1 starts from another seed: the broadcast must replace its state with the chief's.
     state = builder_lib.initial_train_state(builder, spec, SEED + args.process_id)
     state = multihost.broadcast_from_chief(jax.device_get(state))
-    step = multihost.make_global_step(
-        learner.make_learner_step(builder.update_fns(spec), builder.actor_params),
-        out_axes=(0, 0, None),
-    )
+    step = multihost_learner.make_global_step(builder, spec)
     local = jax.local_devices()
     state_repl = parallel.replicate(state, local)
+    guard = parallel.replicate(step_lib.init_guard(), local)
     batches = [_load(args.batches, f"batch{k}", BATCH_STRUCTURE) for k in range(NUM_UPDATES + 1)]
     priorities, stops = [], []
     _stage("state agreed; updating")
     for batch in batches[:NUM_UPDATES]:
         mine = multihost.process_rows(batch, args.process_id, NUM_PROCESSES)
         sharded = parallel.shard_to_devices(mine, local)
-        state_repl, info, published, stop = step(state_repl, sharded, multihost.stop_votes(False))
+        (state_repl, guard), info, published, stop = step(
+            (state_repl, guard), sharded, multihost.stop_votes(False)
+        )
         priorities.append(parallel.unshard(info.priorities))
         stops.append(bool(stop))
     trained = jax.device_get(parallel.unreplicate(state_repl))
     # Process 1 alone is told to stop; the chief must learn it from the same step.
     last = multihost.process_rows(batches[-1], args.process_id, NUM_PROCESSES)
-    state_repl, _, _, stop = step(
-        state_repl,
+    (state_repl, guard), _, _, stop = step(
+        (state_repl, guard),
         parallel.shard_to_devices(last, local),
         multihost.stop_votes(args.process_id == 1),
     )
@@ -177,15 +178,12 @@ def _single_process_update(batches, spec):
     """The reference: one process, 4 devices, the whole global batch each step."""
     builder = dqn.DQNBuilder(CONFIG)
     devices = jax.devices()[: NUM_PROCESSES * DEVICES_PER_PROCESS]
-    step = parallel.pmap_step(
-        learner.make_learner_step(builder.update_fns(spec), builder.actor_params),
-        devices,
-        out_axes=(0, 0, None),
-    )
+    step = parallel.pmap_step(step_lib.make_step(builder, spec), devices, step_lib.OUT_AXES)
     state = parallel.replicate(builder_lib.initial_train_state(builder, spec, SEED), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
     priorities = []
     for batch in batches:
-        state, info, published = step(state, parallel.shard(batch, len(devices)))
+        state, guard, info, published = step(state, guard, parallel.shard(batch, len(devices)))
         priorities.append(np.asarray(parallel.unshard(info.priorities)))
     return jax.device_get(parallel.unreplicate(state)), jax.device_get(published), priorities
 

@@ -15,7 +15,7 @@ from agents import dqn
 from agents.dqn import learning, networks, policy
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, precision, types
-from gorila_jax.learning import learner
+from gorila_jax.learning import step as step_lib
 
 SPEC = envs.env_spec("CartPole-v1")
 TINY = dataclasses.replace(
@@ -84,12 +84,12 @@ def _random_batch(seed: int, size: int = 64) -> builder_lib.SampledBatch:
 def _train(num_devices: int, batches, cfg=TINY):
     builder = dqn.DQNBuilder(cfg)
     devices = jax.devices()[:num_devices]
-    step_fn = learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params)
-    step = parallel.pmap_step(step_fn, devices, out_axes=(0, 0, None))
+    step = parallel.pmap_step(step_lib.make_step(builder, SPEC), devices, step_lib.OUT_AXES)
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
     infos = []
     for batch in batches:
-        state, info, _ = step(state, parallel.shard(batch, num_devices))
+        state, guard, info, _ = step(state, guard, parallel.shard(batch, num_devices))
         infos.append(info)
     return parallel.unreplicate(state), infos
 
@@ -148,14 +148,15 @@ def test_target_network_is_copied_every_period():
 @pytest.mark.parametrize("mode", ["fp32", "fp16"])  # fp16 also carries the loss-scale state
 def test_update_compiles_once(mode):
     builder = dqn.DQNBuilder(dataclasses.replace(TINY, precision=mode))
-    step_fn = learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params)
+    step_fn = step_lib.make_step(builder, SPEC)
     chex.clear_trace_counter()
     step = parallel.pmap_step(
-        chex.assert_max_traces(step_fn, n=1), jax.devices(), out_axes=(0, 0, None)
+        chex.assert_max_traces(step_fn, n=1), jax.devices(), out_axes=step_lib.OUT_AXES
     )
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), jax.devices())
+    guard = parallel.replicate(step_lib.init_guard(), jax.devices())
     for seed in range(3):
-        state, _, _ = step(state, parallel.shard(_random_batch(seed), 4))
+        state, guard, _, _ = step(state, guard, parallel.shard(_random_batch(seed), 4))
 
 
 def test_batch_that_does_not_split_over_devices_is_rejected():
@@ -302,12 +303,11 @@ def test_bf16_sharded_update_equals_single_device_update():
 def test_bf16_actor_params_travel_at_half_size_and_act_like_float32():
     cfg = dataclasses.replace(TINY, eval_epsilon=0.0)
     builder = dqn.DQNBuilder(dataclasses.replace(cfg, actor_params_dtype="bfloat16"))
-    step_fn = learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params)
-    step = parallel.pmap_step(step_fn, jax.devices()[:1], out_axes=(0, 0, None))
-    state = parallel.replicate(
-        builder.init_train_state(jax.random.PRNGKey(0), SPEC), jax.devices()[:1]
-    )
-    state, _, published = step(state, parallel.shard(_random_batch(0), 1))
+    devices = jax.devices()[:1]
+    step = parallel.pmap_step(step_lib.make_step(builder, SPEC), devices, step_lib.OUT_AXES)
+    state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
+    state, _, _, published = step(state, guard, parallel.shard(_random_batch(0), 1))
     sent = pickle.loads(pickle.dumps(jax.device_get(published)))  # what crosses to an actor
     full = jax.device_get(parallel.unreplicate(state).params)
     assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree.leaves(sent))

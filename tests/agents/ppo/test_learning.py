@@ -15,7 +15,7 @@ from agents import ppo
 from agents.ppo import learning, networks
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
-from gorila_jax.learning import learner
+from gorila_jax.learning import step as step_lib
 
 CARTPOLE = envs.env_spec("CartPole-v1")
 PENDULUM = envs.env_spec("Pendulum-v1")
@@ -156,14 +156,14 @@ def _batch(
 def _train(cfg, batches_fn, num_devices: int, spec=CARTPOLE, steps: int = 1):
     builder = ppo.PPOBuilder(cfg)
     devices = jax.devices()[:num_devices]
-    step_fn = learner.make_learner_step(builder.update_fns(spec), builder.actor_params)
-    step = parallel.pmap_step(step_fn, devices, out_axes=(0, 0, None))
+    step = parallel.pmap_step(step_lib.make_step(builder, spec), devices, step_lib.OUT_AXES)
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), spec), devices)
+    guard = parallel.replicate(step_lib.init_guard(), devices)
     infos = []
     for index in range(steps):
         params = parallel.unreplicate(state).params
         batch = batches_fn(builder, params, index)
-        state, info, _ = step(state, parallel.shard(batch, num_devices))
+        state, guard, info, _ = step(state, guard, parallel.shard(batch, num_devices))
         infos.append({k: float(np.asarray(v)[0]) for k, v in info.metrics.items()})
     return parallel.unreplicate(state), infos
 

@@ -15,7 +15,7 @@ from agents import sac
 from agents.sac import learning, policy
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
-from gorila_jax.learning import learner
+from gorila_jax.learning import step as step_lib
 
 SPEC = envs.env_spec("Pendulum-v1")  # 3 observations, 1 action in [-2, 2]
 TINY = dataclasses.replace(sac.SACConfig(), hidden_sizes=(32, 32), batch_size=64)
@@ -85,11 +85,18 @@ def _random_batch(seed: int, size: int = 64, obs_scale=1.0) -> builder_lib.Sampl
 
 
 def _step_fn(cfg, num_devices: int):
+    """The learner's guarded step with (state, batch) -> (state, info, published);
+    the guard, never tripped here, stays inside."""
     builder = sac.SACBuilder(cfg)
     devices = jax.devices()[:num_devices]
-    step_fn = learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params)
-    step = parallel.pmap_step(step_fn, devices, out_axes=(0, 0, None))
+    guarded = parallel.pmap_step(step_lib.make_step(builder, SPEC), devices, step_lib.OUT_AXES)
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), devices)
+    guard = [parallel.replicate(step_lib.init_guard(), devices)]
+
+    def step(state, batch):
+        state, guard[0], info, published = guarded(state, guard[0], batch)
+        return state, info, published
+
     return step, state
 
 
@@ -206,14 +213,15 @@ def test_critic_loss_falls_on_a_fixed_batch():
 
 def test_update_compiles_once():
     builder = sac.SACBuilder(TINY)
-    step_fn = learner.make_learner_step(builder.update_fns(SPEC), builder.actor_params)
+    step_fn = step_lib.make_step(builder, SPEC)
     chex.clear_trace_counter()
     step = parallel.pmap_step(
-        chex.assert_max_traces(step_fn, n=1), jax.devices(), out_axes=(0, 0, None)
+        chex.assert_max_traces(step_fn, n=1), jax.devices(), out_axes=step_lib.OUT_AXES
     )
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), SPEC), jax.devices())
+    guard = parallel.replicate(step_lib.init_guard(), jax.devices())
     for seed in range(3):
-        state, _, _ = step(state, parallel.shard(_random_batch(seed), 4))
+        state, guard, _, _ = step(state, guard, parallel.shard(_random_batch(seed), 4))
 
 
 def test_published_actor_params_survive_later_steps_that_donate_the_state():
