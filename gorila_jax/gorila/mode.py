@@ -19,7 +19,7 @@ from gorila_jax import types
 from gorila_jax.distributed import program
 from gorila_jax.gorila import shard_node, workers
 from gorila_jax.health import monitor as monitor_lib
-from gorila_jax.learning import learner
+from gorila_jax.learning import sync_learner
 
 
 def summarize(metrics: dict[str, float]) -> dict[str, float]:
@@ -119,7 +119,9 @@ def add_nodes(
         # A replacement shard starts from the newest checkpoint; without
         # checkpoints its slice would be lost, so it is not restartable then.
         for shard in shards:
-            graph.node(shard.name).restartable(lambda counters: {"restore_step": learner.NEWEST})
+            graph.node(shard.name).restartable(
+                lambda counters: {"restore_step": sync_learner.NEWEST}
+            )
     resources = program.Resources(cfg.learner_cpus, cfg.learner_gpus)
     with graph.group("gradient_worker", resources):
         for index in range(cfg.num_learners):

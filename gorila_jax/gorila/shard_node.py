@@ -13,7 +13,7 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import types
 from gorila_jax.distributed import program
 from gorila_jax.gorila import compression, parameter_server
-from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import checkpoint, sync_learner
 
 
 class ParameterShardNode(program.Worker):
@@ -162,7 +162,7 @@ def checkpoint_template(
 
 
 def _restore(directory: str, step: int, template: Any) -> tuple[int, Any]:
-    """(step, state) of checkpoint `step`, or of the newest that loads for `learner.NEWEST`.
+    """(step, state) of checkpoint `step`, or of the newest that loads for `sync_learner.NEWEST`.
 
     Raises:
       checkpoint.CheckpointError: `NEWEST` and none loads. A shard that
@@ -170,7 +170,7 @@ def _restore(directory: str, step: int, template: Any) -> tuple[int, Any]:
     """
     checkpoints = checkpoint.LearnerCheckpoints(directory, read_only=True)
     try:
-        if step != learner.NEWEST:
+        if step != sync_learner.NEWEST:
             return step, checkpoints.restore(step, template)[0]
         newest = checkpoints.restore_newest(template, "parameter_server")
         if newest is None:

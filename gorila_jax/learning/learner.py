@@ -14,14 +14,8 @@ import numpy as np
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, types
 from gorila_jax.distributed import program
-from gorila_jax.learning import multihost_learner, prefetch, sync_learner
+from gorila_jax.learning import sync_learner
 from gorila_jax.learning import step as step_lib
-
-# The names the wiring, the Gorila shards and the tests know the learner's by
-# (tests/gorila_jax/test_hard_inputs.py drives a DevicePrefetcher of its own).
-NEWEST = sync_learner.NEWEST
-NumericalFault = sync_learner.NumericalFault
-DevicePrefetcher = prefetch.DevicePrefetcher
 
 
 class LearnerNode(sync_learner.SyncLearnerNode):
@@ -54,18 +48,7 @@ class LearnerNode(sync_learner.SyncLearnerNode):
       rollback_param_noise: after a rollback, add Gaussian noise of this
         standard deviation to the trainable parameters (0: none), so the
         same batches do not lead to the same divergence.
-      num_learner_hosts: learner processes in one `jax.distributed` job; with
-        more than 1 this builds a `multihost_learner.MultiHostLearnerNode`
-        (which takes `learner_process_id` and `rendezvous` too) instead, so
-        that the wiring builds every learner process through this one name.
     """
-
-    def __new__(cls, *args, num_learner_hosts: int = 1, **kwargs):
-        if num_learner_hosts > 1:
-            return multihost_learner.MultiHostLearnerNode(
-                *args, num_learner_hosts=num_learner_hosts, **kwargs
-            )
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -85,7 +68,6 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         rollback_lr_factor: float = 0.5,
         rollback_param_noise: float = 0.0,
         restored_counters: dict[str, float] | None = None,
-        num_learner_hosts: int = 1,
     ):
         if not 0 < rollback_lr_factor <= 1:
             raise ValueError(f"rollback_lr_factor must be in (0, 1], got {rollback_lr_factor}")
@@ -146,17 +128,19 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         agent's state returns to the checkpoint's.
 
         Raises:
-          NumericalFault: there is no checkpoint to return to.
+          sync_learner.NumericalFault: there is no checkpoint to return to.
         """
         why = f"{streak} consecutive non-finite updates (max_nonfinite_steps)"
         if self._checkpoints is None or not self._checkpoints.steps():
-            raise NumericalFault(f"{self._name}: {why} and no checkpoint to roll back to")
+            raise sync_learner.NumericalFault(
+                f"{self._name}: {why} and no checkpoint to roll back to"
+            )
         with self._state_lock:
             target = jax.device_get(parallel.unreplicate(self._state))
             guard = jax.device_get(parallel.unreplicate(self._guard))
             newest = self._checkpoints.restore_newest(target, self._name)
             if newest is None:
-                raise NumericalFault(f"{self._name}: {why} and no checkpoint loads")
+                raise sync_learner.NumericalFault(f"{self._name}: {why} and no checkpoint loads")
             step, state, _ = newest
             state = self._perturbed(state)
             lr_scale = float(guard.lr_scale) * self._rollback_lr_factor

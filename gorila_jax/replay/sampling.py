@@ -202,7 +202,7 @@ class PriorityUpdater:
 
         Call it before the replay's servers stop: a thread still inside
         `mutate_priorities` then, or when the interpreter finalizes, can
-        abort the process (see `learner.DevicePrefetcher.close`).
+        abort the process (see `prefetch.DevicePrefetcher.close`).
         """
         if self._closed:
             return

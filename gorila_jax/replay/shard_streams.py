@@ -200,7 +200,7 @@ class ShardStream:
         within about the rate limiter's timeout. A thread left waiting on a
         server that stops never ends: Reverb's reconnect attempts in it keep
         costing CPU, and one that returns while the interpreter finalizes
-        aborts the process (see `learner.DevicePrefetcher.close`).
+        aborts the process (see `prefetch.DevicePrefetcher.close`).
         """
         current = [self._puller] if self._puller is not None else []
         abandoned = self._abandoned

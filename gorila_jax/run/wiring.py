@@ -16,7 +16,7 @@ from gorila_jax.distributed import multihost
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import mode
 from gorila_jax.health import balance, monitor
-from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import checkpoint, learner, multihost_learner, sync_learner
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
@@ -33,9 +33,7 @@ def make_program(
     """
     if cfg.balance_interval_s:
         # Before anything starts: "downweight" needs priorities in the sampled table.
-        balance.check_remedy(
-            cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table
-        )
+        balance.check_remedy(cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table)
     program = program_lib.Program("gorila")
     restore_step = resume.step if resume else None
     meta = resume.meta if resume else {}
@@ -83,10 +81,13 @@ def _add_learners(
             rendezvous = program.add_node(multihost.Rendezvous)
         job = dict(num_learner_hosts=cfg.num_learner_hosts, rendezvous=rendezvous)
         per_process = [dict(job, learner_process_id=i) for i in range(cfg.num_learner_hosts)]
+    node_class = (
+        multihost_learner.MultiHostLearnerNode if cfg.num_learner_hosts > 1 else learner.LearnerNode
+    )
     with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
         handles = [
             program.add_node(
-                learner.LearnerNode,
+                node_class,
                 builder,
                 spec,
                 replay_nodes,
@@ -309,7 +310,7 @@ def _restart_rendezvous(counters: dict[str, float]) -> dict[str, Any]:
 def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
     """A replacement learner resumes from its newest checkpoint; its step count goes on."""
     return {
-        "restore_step": learner.NEWEST if saving else None,
+        "restore_step": sync_learner.NEWEST if saving else None,
         "restored_counters": counters,
     }
 

@@ -1,6 +1,6 @@
 """Every registered agent fills the whole builder contract and trains through `launch.train`.
 
-Parametrized over `launch.train.AGENTS`, so an agent added there is checked
+Parametrized over the agent registry `launch.presets.AGENTS`, so an agent added there is checked
 here without a test edit: the skeleton drives each of them through the same
 code (actor, adder, replay table, learner step, evaluation) and knows them
 only through `gorila_jax.builder.AgentBuilder`.
@@ -18,10 +18,10 @@ import pytest
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
-from launch import presets, train
+from launch import presets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-AGENT_NAMES = sorted(train.AGENTS)
+AGENT_NAMES = sorted(presets.AGENTS)
 # The first of these an agent accepts is the one its smoke run uses.
 SMOKE_ENVS = ("CartPole-v1", "Pendulum-v1")
 
@@ -39,7 +39,7 @@ def _contract() -> dict[str, inspect.Signature | None]:
 
 
 def _builder(agent: str):
-    return train.AGENTS[agent](train.AGENT_CONFIGS[agent]())
+    return presets.AGENTS[agent].builder(presets.AGENTS[agent].config())
 
 
 def test_the_contract_is_what_the_skeleton_calls():
@@ -73,7 +73,7 @@ def test_builder_implements_the_whole_contract(agent):
             expected = [p for p in signature.parameters if p != "self"]
             actual = list(inspect.signature(getattr(builder, name)).parameters)
             assert actual == expected, f"{agent}.{name}{actual}: the skeleton calls it {expected}"
-    assert agent in presets.AGENT_PRESETS, f"{agent} has no presets for --preset"
+    assert presets.AGENTS[agent].preset_names, f"{agent} has no presets for --preset"
     fns = builder.update_fns(_smoke_spec(agent))
     # Either one gradient (Gorila-capable) or a whole step: the learner runs one or the other.
     assert fns.update is not None or (fns.compute_grads and fns.apply_grads)
@@ -124,5 +124,5 @@ def test_agent_trains_through_the_launch_train_entry_point(agent, tmp_path):
     assert summary["env_id"] == env_id and summary["stop_reason"] == "total_env_steps reached"
     assert summary["learner_steps"] > 0 and summary["params_version"] > 0
     assert summary["final_eval_episodes"] == 2 and math.isfinite(summary["final_eval_return"])
-    config_fields = {f.name for f in dataclasses.fields(train.AGENT_CONFIGS[agent])}
+    config_fields = {f.name for f in dataclasses.fields(presets.AGENTS[agent].config)}
     assert set(summary["agent_config"]) == config_fields  # the agent's preset config ran

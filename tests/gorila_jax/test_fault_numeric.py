@@ -11,7 +11,7 @@ import reverb
 from agents import dqn, ppo, sac
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, replay
-from gorila_jax.learning import learner, prefetch
+from gorila_jax.learning import learner, prefetch, sync_learner
 from gorila_jax.learning import step as step_lib
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 from tests.agents.ppo import test_learning as ppo_test
@@ -249,7 +249,9 @@ def test_without_a_checkpoint_the_rollback_fails_with_the_reason(tmp_path):
         _fill(replay_node.address(), builder, 300)
         assert node.step(timeout=60)
         node._prefetcher = _NanBatches(node._prefetcher, node._devices)
-        with pytest.raises(learner.NumericalFault, match="2 consecutive non-finite.*no checkpoint"):
+        with pytest.raises(
+            sync_learner.NumericalFault, match="2 consecutive non-finite.*no checkpoint"
+        ):
             for _ in range(4):
                 node.step(timeout=60)
     finally:

@@ -15,7 +15,7 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, replay
 from gorila_jax.distributed import launchers, program
 from gorila_jax.gorila import compression, mode, parameter_server, shard_node, workers
-from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import checkpoint, sync_learner
 from gorila_jax.learning import step as step_lib
 from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
@@ -336,7 +336,7 @@ def test_a_restored_shard_serves_the_checkpoint_even_to_readers_holding_newer_ve
                 2,
                 -1,
                 checkpoint_dir=str(tmp_path),
-                restore_step=learner.NEWEST,
+                restore_step=sync_learner.NEWEST,
             )
         with launchers.launch(replacement, "local") as restarted:
             restored = restarted.client("parameter_server")
@@ -358,7 +358,14 @@ def test_a_restarted_shard_without_a_checkpoint_fails_instead_of_starting_over(t
     builder = dqn.DQNBuilder(CONFIG)
     with pytest.raises(checkpoint.CheckpointError, match="no checkpoint to restore"):
         shard_node.ParameterShardNode(
-            builder, SPEC, SEED, 0, 2, -1, checkpoint_dir=str(tmp_path), restore_step=learner.NEWEST
+            builder,
+            SPEC,
+            SEED,
+            0,
+            2,
+            -1,
+            checkpoint_dir=str(tmp_path),
+            restore_step=sync_learner.NEWEST,
         )
 
 

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from agents import dqn
 from gorila_jax import replay
-from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import checkpoint, prefetch
 from gorila_jax.run import experiment
 
 TABLE = "transitions"
@@ -95,7 +95,7 @@ def _batch(count: int = 4) -> replay.Batch:
     )
 
 
-def _first_batch(prefetcher: learner.DevicePrefetcher, timeout_s: float = 60.0):
+def _first_batch(prefetcher: prefetch.DevicePrefetcher, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         item = prefetcher.get(timeout=0.5)
@@ -115,7 +115,7 @@ def test_the_learner_samples_again_when_the_replay_connection_drops():
 
     stop = threading.Event()
     devices = jax.local_devices()[:1]
-    prefetcher = learner.DevicePrefetcher(_lazy(make_batches), lambda: 4, devices, stop)
+    prefetcher = prefetch.DevicePrefetcher(_lazy(make_batches), lambda: 4, devices, stop)
     try:
         item = _first_batch(prefetcher)
         assert item is not None, "no batch after the connection came back"
@@ -132,7 +132,7 @@ def test_a_sampling_error_that_is_not_a_lost_connection_reaches_the_learner():
 
     stop = threading.Event()
     devices = jax.local_devices()[:1]
-    prefetcher = learner.DevicePrefetcher(_lazy(make_batches), lambda: 4, devices, stop)
+    prefetcher = prefetch.DevicePrefetcher(_lazy(make_batches), lambda: 4, devices, stop)
     try:
         with pytest.raises(RuntimeError, match="sampling from replay failed") as raised:
             _first_batch(prefetcher, timeout_s=30)
@@ -142,7 +142,7 @@ def test_a_sampling_error_that_is_not_a_lost_connection_reaches_the_learner():
 
 
 def _lazy(make_batches):
-    """Like `learner.sampler`: the error comes from the iterator, when it is first read."""
+    """Like `prefetch.sampler`: the error comes from the iterator, when it is first read."""
 
     def batches(batch_size: int):
         yield from make_batches(batch_size)

@@ -17,7 +17,7 @@ from agents import dqn
 from gorila_jax import envs
 from gorila_jax.distributed import multihost
 from gorila_jax.health import monitor
-from gorila_jax.learning import checkpoint, learner
+from gorila_jax.learning import checkpoint, sync_learner
 from gorila_jax.run import experiment
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
@@ -87,7 +87,7 @@ def test_one_dead_learner_process_restarts_the_group_once_from_the_newest_checkp
     assert "learner/0" in lines[0] and "died" in lines[0]  # the first faulty one is the reason
     kwargs = dict(running.restarted)
     assert kwargs["learner/0"] == {
-        "restore_step": learner.NEWEST,
+        "restore_step": sync_learner.NEWEST,
         "restored_counters": {"learner_steps": 120},  # the step count goes on from here
     }
     assert kwargs["learner_rendezvous/0"] == {}

@@ -6,7 +6,7 @@ returns; one that returns while the interpreter finalizes is ended by
 CPython 3.11 with `pthread_exit`, whose forced unwind through C++ frames
 aborts the process (SIGABRT, "FATAL: exception not rethrown"), and exiting
 with such threads can also hang. Every node therefore joins the threads it
-started before the servers it uses stop (`learner.DevicePrefetcher.close`,
+started before the servers it uses stop (`prefetch.DevicePrefetcher.close`,
 `launchers.base.close_stages`). The race needs a loaded machine to show,
 hence the CPU burner.
 """

@@ -15,7 +15,7 @@ def close_stages(specs: list[program_lib.NodeSpec]) -> list[list[program_lib.Nod
     A node's threads and Reverb clients end before the servers they talk to
     stop; a sampling thread still in Reverb's native code when its server
     stops, or when the process exits, can abort the process (see
-    `learner.DevicePrefetcher.close`). Within a stage, and for nodes whose
+    `prefetch.DevicePrefetcher.close`). Within a stage, and for nodes whose
     handles form a cycle (closed together, last), nodes go in reverse
     program order.
     """

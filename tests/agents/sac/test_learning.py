@@ -15,6 +15,7 @@ from agents import sac
 from agents.sac import learning, policy
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
+from gorila_jax.acting import actor
 from gorila_jax.learning import step as step_lib
 
 SPEC = envs.env_spec("Pendulum-v1")  # 3 observations, 1 action in [-2, 2]
@@ -245,24 +246,32 @@ def test_actors_act_uniformly_at_first_then_follow_the_policy():
     # One observation in every env: the policy's samples then share one distribution.
     obs = np.tile(np.random.default_rng(0).normal(size=(1, 3)), (4096, 1)).astype(np.float32)
     acting = builder.make_policy(SPEC, actor_index=0, num_actors=2, evaluation=False)
-    key = jax.random.PRNGKey(1)
+    keys = actor.step_keys(jax.random.PRNGKey(1))  # a fresh key per step, as the actor hands
     assert policy.actor_random_steps(1000, num_actors=2) == 500
     assert policy.actor_random_steps(1000, num_actors=3) == 334  # rounded up, never short
-    early = np.asarray(acting(params, obs, key, 499))  # each of 2 actors: 500 random steps
-    late = np.asarray(acting(params, obs, key, 500))
+    early = np.asarray(acting(params, obs, next(keys), 499))  # each of 2 actors: 500 random steps
+    late = np.asarray(acting(params, obs, next(keys), 500))
     assert early.shape == late.shape == (4096, 1)
     # Uniform on [-2, 2]: mean 0, standard deviation 4 / sqrt(12) = 1.155.
     assert early.min() >= -2 and early.max() <= 2
     assert abs(early.mean()) < 0.05 and abs(early.std() - 1.155) < 0.05
-    # The untrained policy: 2 tanh(u), u ~ N(mean, std) with std = exp(-1.5) about 0.22.
+    # The untrained policy: 2 tanh(u), u ~ N(mean, exp(log_std)). Four standard errors
+    # of 4096 samples' mean and standard deviation: a wrong distribution fails, chance does not.
     mean, log_std = builder._networks(SPEC).policy.apply(params, obs[:1])
     noise = np.random.default_rng(1).normal(size=100_000)
-    u = float(mean[0, 0]) + math.exp(float(log_std[0, 0])) * noise
-    assert abs(late.mean() - np.mean(2 * np.tanh(u))) < 0.03
-    assert abs(late.std() - np.std(2 * np.tanh(u))) < 0.03
+    expected = 2 * np.tanh(float(mean[0, 0]) + math.exp(float(log_std[0, 0])) * noise)
+    mean_error, std_error = (
+        expected.std() / np.sqrt(len(late)),
+        expected.std() / np.sqrt(2 * len(late)),
+    )
+    assert abs(late.mean() - expected.mean()) < 4 * mean_error
+    assert abs(late.std() - expected.std()) < 4 * std_error
     greedy = builder.make_policy(SPEC, 0, 1, evaluation=True)
     np.testing.assert_allclose(
-        greedy(params, obs, key, 0)[0], 2.0 * np.tanh(np.asarray(mean[0])), rtol=1e-5, atol=1e-6
+        greedy(params, obs, next(keys), 0)[0],
+        2.0 * np.tanh(np.asarray(mean[0])),
+        rtol=1e-5,
+        atol=1e-6,
     )
 
 
