@@ -169,14 +169,11 @@ def _restore(directory: str, step: int, template: Any) -> tuple[int, Any]:
         started from its initial slice instead would silently undo training.
     """
     checkpoints = checkpoint.LearnerCheckpoints(directory, read_only=True)
-    try:
-        if step != sync_learner.NEWEST:
-            return step, checkpoints.restore(step, template)[0]
-        newest = checkpoints.restore_newest(template, "parameter_server")
-        if newest is None:
-            raise checkpoint.CheckpointError(
-                f"a restarted shard has no checkpoint to restore in {directory}: its slice is lost"
-            )
-        return newest[0], newest[1]
-    finally:
-        checkpoints.close()
+    if step != sync_learner.NEWEST:
+        return step, checkpoints.restore(step, template)[0]
+    newest = checkpoints.restore_newest(template, "parameter_server")
+    if newest is None:
+        raise checkpoint.CheckpointError(
+            f"a restarted shard has no checkpoint to restore in {directory}: its slice is lost"
+        )
+    return newest[0], newest[1]

@@ -189,9 +189,6 @@ class LearnerCheckpoints:
             return step, state, meta
         return None
 
-    def close(self) -> None:
-        """Nothing is held open between calls; the learner and shard nodes close it all the same."""
-
 
 class Restored(NamedTuple):
     """The newest checkpoint that restored completely."""

@@ -220,11 +220,9 @@ class ReplayLearnerNode(program.Worker):
         return step
 
     def close(self) -> None:
-        """Ends sampling and priority updates (if `run` has not), then closes the checkpoints.
+        """Ends sampling and priority updates (if `run` has not).
 
         Before the replay's servers stop: the launchers close a node before
         the nodes whose handles it holds.
         """
         self._end_sampling()
-        if self._checkpoints is not None:
-            self._checkpoints.close()

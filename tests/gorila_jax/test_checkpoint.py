@@ -180,7 +180,6 @@ def _fake_run(logdir, steps: list[int]) -> None:
             saver.save(step, state, {"learner_steps": step, "replay": info})
     finally:
         writer.close()
-        saver.close()
         node.close()
 
 
@@ -225,7 +224,7 @@ def test_a_partially_written_checkpoint_is_never_loaded(tmp_path):
     assert checkpoint.saved_steps(tmp_path) == [10, 20]
     assert checkpoint.restore_newest(str(tmp_path), _target()).step == 20
     # The next writer (a resumed or restarted learner) deletes the leftover.
-    checkpoint.LearnerCheckpoints(learner_dir).close()
+    checkpoint.LearnerCheckpoints(learner_dir)
     assert sorted(os.listdir(learner_dir)) == ["10", "20"]
 
 

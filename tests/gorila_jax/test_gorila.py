@@ -318,7 +318,6 @@ def test_a_restored_shard_serves_the_checkpoint_even_to_readers_holding_newer_ve
         saved = {"shards": [shard.snapshot() for shard in shards]}
         checkpoints = checkpoint.LearnerCheckpoints(str(tmp_path))
         checkpoints.save(2, saved, {})
-        checkpoints.close()
         for seed in range(2, 5):
             worker.step_on(None, parallel.shard_to_devices(_random_batch(seed), devices))
         reader = parameter_server.ShardedParameters(shards, layout, delta_receiver="actor/0")

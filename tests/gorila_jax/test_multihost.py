@@ -152,7 +152,6 @@ def _save_on_chief_and_restore(args, builder, spec, trained) -> tuple:
     if multihost.is_chief():
         saver = checkpoint.LearnerCheckpoints(args.checkpoints, max_to_keep=2)
         saver.save(NUM_UPDATES, trained, {"learner_steps": NUM_UPDATES})
-        saver.close()
     _stage("checkpoint saved by the chief")
     state = jax.device_get(
         builder_lib.initial_train_state(builder, spec, SEED + 10 + args.process_id)
@@ -161,7 +160,6 @@ def _save_on_chief_and_restore(args, builder, spec, trained) -> tuple:
     if multihost.is_chief():
         reader = checkpoint.LearnerCheckpoints(args.checkpoints, read_only=True)
         step, state, _ = reader.restore_newest(state, "learner/0")
-        reader.close()
     return multihost.broadcast_from_chief((state, np.asarray(step, np.int32)))
 
 

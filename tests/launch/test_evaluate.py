@@ -48,7 +48,6 @@ def run_dir(tmp_path_factory):
     counters = {"actor/0": {"env_steps": 4_000}, "actor/1": {"env_steps": 2_500}}
     # Parameters from a key other than any the evaluator would draw itself.
     saver.save(SAVED_STEP, _saved_params(7), {"node_counters": counters})
-    saver.close()
     return logdir
 
 
