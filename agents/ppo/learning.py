@@ -21,24 +21,16 @@ import jax.numpy as jnp
 import optax
 
 from agents.ppo import config as config_lib
-from agents.ppo import networks
+from agents.ppo import networks, normalization
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, types
-
-
-class RunningStats(NamedTuple):
-    """Running mean and variance of observations (Chan et al.'s parallel merge)."""
-
-    count: jax.Array  # [] float32
-    mean: jax.Array  # observation shape
-    var: jax.Array  # observation shape
 
 
 class ActorParams(NamedTuple):
     """What actors act with: the network and the observation statistics."""
 
     params: types.Params
-    obs_stats: RunningStats
+    obs_stats: normalization.RunningStats
 
 
 class PolicyExtras(NamedTuple):
@@ -52,37 +44,9 @@ class PolicyExtras(NamedTuple):
 class TrainState(NamedTuple):
     params: types.Params
     opt_state: optax.OptState
-    obs_stats: RunningStats
+    obs_stats: normalization.RunningStats
     step: jax.Array  # int32: learner steps so far (= the version actors record)
     key: jax.Array
-
-
-def init_stats(observation_shape: tuple) -> RunningStats:
-    # A tiny starting count (SB3's 1e-4) makes the first batch's statistics win.
-    return RunningStats(
-        jnp.float32(1e-4),
-        jnp.zeros(observation_shape, jnp.float32),
-        jnp.ones(observation_shape, jnp.float32),
-    )
-
-
-def merge_stats(stats: RunningStats, count, mean, var) -> RunningStats:
-    """Stats of the union of what `stats` summarizes and a batch of `count` items."""
-    total = stats.count + count
-    delta = mean - stats.mean
-    new_mean = stats.mean + delta * count / total
-    m2 = stats.var * stats.count + var * count + delta**2 * stats.count * count / total
-    return RunningStats(total, new_mean, m2 / total)
-
-
-def normalize(obs: jax.Array, stats: RunningStats, clip: float) -> jax.Array:
-    z = (obs.astype(jnp.float32) - stats.mean) / jnp.sqrt(stats.var + 1e-8)
-    return jnp.clip(z, -clip, clip)
-
-
-def prepare_observations(obs: jax.Array, stats: RunningStats, cfg: config_lib.PPOConfig):
-    """What the network sees: normalized observations if the config asks for them."""
-    return normalize(obs, stats, cfg.observation_clip) if cfg.normalize_observations else obs
 
 
 def importance_weights(target_log_prob: jax.Array, behaviour_log_prob: jax.Array, bar: float):
@@ -179,7 +143,7 @@ def init_train_state(
     return TrainState(
         params=params,
         opt_state=make_optimizer(cfg).init(params),
-        obs_stats=init_stats(spec.observation_shape),
+        obs_stats=normalization.init_stats(spec.observation_shape),
         step=jnp.zeros((), jnp.int32),
         key=state_key,
     )
@@ -285,7 +249,7 @@ def _epoch(minibatch_step: Callable, num_minibatches: int, carry, key: jax.Array
 
 def _learning_steps(
     network, distribution, cfg: config_lib.PPOConfig, state: TrainState, traj: types.Trajectory
-) -> tuple[RunningStats, _Steps, jax.Array]:
+) -> tuple[normalization.RunningStats, _Steps, jax.Array]:
     """What the epochs learn from: the batch's steps with their V-trace targets and advantages.
 
     Returns:
@@ -297,8 +261,9 @@ def _learning_steps(
     length = traj.reward.shape[1]
     obs_stats = state.obs_stats
     if cfg.normalize_observations:
-        obs_stats = _updated_stats(obs_stats, traj.observation[:, :length])
-    observations = prepare_observations(traj.observation, obs_stats, cfg)  # [b, T+1, ...]
+        obs_stats = normalization.updated_stats(obs_stats, traj.observation[:, :length])
+    # [b, T + 1, ...]
+    observations = normalization.prepare_observations(traj.observation, obs_stats, cfg)
     values, start_log_prob = evaluate_chunks(
         network, distribution, state.params, observations, extras.raw_action
     )
@@ -364,15 +329,6 @@ def evaluate_chunks(network, distribution, params, observations, raw_actions):
     inputs = jax.tree.map(lambda x: x.reshape((chunks, length + 1) + x.shape[1:]), inputs)
     inputs = jax.tree.map(lambda x: x[:, :length], inputs)
     return values.reshape(chunks, length + 1), distribution.log_prob(inputs, raw_actions)
-
-
-def _updated_stats(stats: RunningStats, observations: jax.Array) -> RunningStats:
-    """`stats` merged with the batch's observations [b, T, ...] of all devices."""
-    obs = observations.reshape((-1,) + observations.shape[2:]).astype(jnp.float32)
-    count = parallel.psum(jnp.float32(obs.shape[0]))
-    mean = parallel.psum(jnp.sum(obs, axis=0)) / count
-    var = parallel.psum(jnp.sum((obs - mean) ** 2, axis=0)) / count
-    return merge_stats(stats, count, mean, var)
 
 
 def _step_metrics(epoch_metrics, traj: types.Trajectory, raw_weights, state, lr, rho_bar):

@@ -3,7 +3,7 @@
 import jax
 
 from agents.ppo import config as config_lib
-from agents.ppo import learning, networks
+from agents.ppo import learning, networks, normalization
 from gorila_jax import builder as builder_lib
 
 
@@ -15,7 +15,7 @@ def make_acting_policy(
     @jax.jit
     def select_action(actor_params: learning.ActorParams, obs, key, env_steps):
         del env_steps  # PPO has no schedule
-        obs = learning.prepare_observations(obs, actor_params.obs_stats, cfg)
+        obs = normalization.prepare_observations(obs, actor_params.obs_stats, cfg)
         inputs, value = network.apply(actor_params.params, obs)
         raw_action = distribution.sample(key, inputs)
         log_prob = distribution.log_prob(inputs, raw_action)
@@ -33,7 +33,7 @@ def make_greedy_policy(
     @jax.jit
     def select_action(actor_params: learning.ActorParams, obs, key, env_steps):
         del key, env_steps  # deterministic
-        obs = learning.prepare_observations(obs, actor_params.obs_stats, cfg)
+        obs = normalization.prepare_observations(obs, actor_params.obs_stats, cfg)
         inputs, _ = network.apply(actor_params.params, obs)
         return distribution.to_env(distribution.mode(inputs))
 

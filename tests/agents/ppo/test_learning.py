@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from agents import ppo
-from agents.ppo import learning, networks
+from agents.ppo import learning, networks, normalization
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
 from gorila_jax.learning import step as step_lib
@@ -122,7 +122,7 @@ def _batch(
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(chunks, length + 1, *spec.observation_shape)).astype(np.float32)
     policy = builder.make_policy(spec, 0, cfg.num_actors, evaluation=False)
-    stats = learning.init_stats(spec.observation_shape)
+    stats = normalization.init_stats(spec.observation_shape)
     keys = jax.random.split(jax.random.PRNGKey(seed), chunks)
     actions, extras = jax.vmap(lambda o, k: policy(learning.ActorParams(params, stats), o, k, 0))(
         obs[:, :length], keys
@@ -246,9 +246,9 @@ def test_updates_make_the_rewarded_action_likely():
 def test_observation_statistics_merge_like_numpy():
     rng = np.random.default_rng(0)
     first, second = rng.normal(3, 2, (50, 3)), rng.normal(-1, 5, (70, 3))
-    stats = learning.RunningStats(jnp.float32(0.0), jnp.zeros(3), jnp.zeros(3))
+    stats = normalization.RunningStats(jnp.float32(0.0), jnp.zeros(3), jnp.zeros(3))
     for part in (first, second):
-        stats = learning.merge_stats(stats, len(part), part.mean(0), part.var(0))
+        stats = normalization.merge_stats(stats, len(part), part.mean(0), part.var(0))
     both = np.concatenate([first, second])
     np.testing.assert_allclose(stats.mean, both.mean(0), rtol=1e-5)
     np.testing.assert_allclose(stats.var, both.var(0), rtol=1e-4)
@@ -268,7 +268,7 @@ def test_gaussian_policy_clips_for_the_env_and_scores_the_raw_sample():
     np.testing.assert_allclose(action, np.clip(raw, -2.0, 2.0))
     # The first network's mean is ~0 (policy head initialized at scale 0.01).
     inputs, _ = builder._network(PENDULUM).apply(
-        state.params, learning.normalize(obs, state.obs_stats, cfg.observation_clip)
+        state.params, normalization.normalize(obs, state.obs_stats, cfg.observation_clip)
     )
     z = (raw - np.asarray(inputs.loc)) / np.exp(0.5)
     expected = -0.5 * z[:, 0] ** 2 - 0.5 - 0.5 * np.log(2 * np.pi)
