@@ -12,6 +12,7 @@ overflow is skipped (the state is left as it was, `step` included) and the
 scale is halved (`gorila_jax.precision`).
 """
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -96,6 +97,83 @@ def clip_grads(grads: Any, cfg: config_lib.DQNConfig) -> Any:
     raise ValueError(f"config.clip_mode must be 'global' or 'layer', got {cfg.clip_mode!r}")
 
 
+def _double_q_loss(apply_fn: Callable, cfg: config_lib.DQNConfig, params, state, batch):
+    """The loss to differentiate (scaled in fp16), and (loss, td, q_tm1, beta)."""
+    data: types.Transition = batch.data
+    q_tm1 = apply_fn(params, data.observation)  # [B/D, A]
+    q_t_target = apply_fn(state.target_params, data.next_observation)
+    q_t_online = jax.lax.stop_gradient(apply_fn(params, data.next_observation))
+    td = jax.vmap(double_q_td_error)(
+        q_tm1, data.action, data.reward, data.discount, q_t_target, q_t_online
+    )
+    beta = importance_exponent(state.step, cfg)
+    weights = importance_weights(batch.probabilities, batch.table_size, beta)
+    loss = jnp.mean(weights * optax.huber_loss(td, delta=cfg.huber_delta))
+    scaled = precision.scale_loss(loss, state.loss_scale) if cfg.precision == "fp16" else loss
+    return scaled, (loss, td, q_tm1, beta)
+
+
+def _compute_grads(loss_fn: Callable, cfg: config_lib.DQNConfig, state: TrainState, batch):
+    """Device-averaged, clipped gradients with their finiteness, and the new priorities."""
+    dynamic_scale = cfg.precision == "fp16"
+    (_, (loss, td, q_tm1, beta)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        state.params, state, batch
+    )
+    grads = parallel.pmean(grads)
+    finite = jnp.array(True)
+    if dynamic_scale:
+        grads = precision.unscale_grads(grads, state.loss_scale)
+        finite = precision.all_finite(grads)
+    grad_norm = optax.global_norm(grads)
+    metrics = {
+        "loss": loss,
+        "abs_td": jnp.mean(jnp.abs(td)),
+        "q_mean": jnp.mean(q_tm1),
+        "grad_norm": grad_norm,
+        "importance_exponent": beta,
+    }
+    if dynamic_scale:
+        skipped = jnp.logical_not(finite).astype(jnp.float32)
+        metrics["loss_scale"] = state.loss_scale.scale
+        metrics["skipped"] = skipped
+        metrics["skipped_steps"] = state.loss_scale.skipped_steps + skipped
+    priorities = jnp.abs(td) + cfg.priority_epsilon
+    grads = precision.CheckedGrads(clip_grads(grads, cfg), finite)
+    return grads, builder_lib.StepInfo(priorities=priorities, metrics=parallel.pmean(metrics))
+
+
+def _apply_grads(
+    optimizer: optax.GradientTransformation,
+    cfg: config_lib.DQNConfig,
+    state: TrainState,
+    grads: precision.CheckedGrads,
+) -> TrainState:
+    """Adam, then the periodic target copy; in fp16 a step with overflowed gradients is skipped."""
+    updates, opt_state = optimizer.update(grads.grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    step = state.step + 1
+    target_params = optax.periodic_update(
+        params, state.target_params, step, cfg.target_update_period
+    )
+    key, _ = jax.random.split(state.key)
+    new = TrainState(params, target_params, opt_state, step, key, state.loss_scale)
+    if cfg.precision != "fp16":
+        return new
+    # A skipped step leaves `step` too, so the importance-exponent anneal and
+    # the target period count applied updates, as Adam's own step count does.
+    new = precision.select_tree(grads.finite, new, state)
+    loss_scale = precision.update_loss_scale(state.loss_scale, grads.finite, cfg.loss_scale_period)
+    return new._replace(loss_scale=loss_scale)
+
+
+def _track_grads(
+    cfg: config_lib.DQNConfig, state: TrainState, grads: precision.CheckedGrads
+) -> TrainState:
+    # A Gorila worker's loss scale follows its own gradients, as a learner's does.
+    loss_scale = precision.update_loss_scale(state.loss_scale, grads.finite, cfg.loss_scale_period)
+    return state._replace(loss_scale=loss_scale)
+
+
 def make_update_fns(
     apply_fn: Callable, optimizer: optax.GradientTransformation, cfg: config_lib.DQNConfig
 ) -> builder_lib.UpdateFns:
@@ -104,76 +182,12 @@ def make_update_fns(
     `compute_grads` returns `precision.CheckedGrads`: the gradients and whether
     they are finite on all devices. Only fp16 ever skips a step.
     """
-    dynamic_scale = cfg.precision == "fp16"
-
-    def loss_fn(params, state: TrainState, batch: builder_lib.SampledBatch):
-        data: types.Transition = batch.data
-        q_tm1 = apply_fn(params, data.observation)  # [B/D, A]
-        q_t_target = apply_fn(state.target_params, data.next_observation)
-        q_t_online = jax.lax.stop_gradient(apply_fn(params, data.next_observation))
-        td = jax.vmap(double_q_td_error)(
-            q_tm1, data.action, data.reward, data.discount, q_t_target, q_t_online
-        )
-        beta = importance_exponent(state.step, cfg)
-        weights = importance_weights(batch.probabilities, batch.table_size, beta)
-        loss = jnp.mean(weights * optax.huber_loss(td, delta=cfg.huber_delta))
-        scaled = precision.scale_loss(loss, state.loss_scale) if dynamic_scale else loss
-        return scaled, (loss, td, q_tm1, beta)
-
-    def compute_grads(state: TrainState, batch: builder_lib.SampledBatch):
-        (_, (loss, td, q_tm1, beta)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-            state.params, state, batch
-        )
-        grads = parallel.pmean(grads)
-        finite = jnp.array(True)
-        if dynamic_scale:
-            grads = precision.unscale_grads(grads, state.loss_scale)
-            finite = precision.all_finite(grads)
-        grad_norm = optax.global_norm(grads)
-        metrics = {
-            "loss": loss,
-            "abs_td": jnp.mean(jnp.abs(td)),
-            "q_mean": jnp.mean(q_tm1),
-            "grad_norm": grad_norm,
-            "importance_exponent": beta,
-        }
-        if dynamic_scale:
-            skipped = jnp.logical_not(finite).astype(jnp.float32)
-            metrics["loss_scale"] = state.loss_scale.scale
-            metrics["skipped"] = skipped
-            metrics["skipped_steps"] = state.loss_scale.skipped_steps + skipped
-        priorities = jnp.abs(td) + cfg.priority_epsilon
-        grads = precision.CheckedGrads(clip_grads(grads, cfg), finite)
-        return grads, builder_lib.StepInfo(priorities=priorities, metrics=parallel.pmean(metrics))
-
-    def apply_grads(state: TrainState, grads: precision.CheckedGrads) -> TrainState:
-        updates, opt_state = optimizer.update(grads.grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        step = state.step + 1
-        target_params = optax.periodic_update(
-            params, state.target_params, step, cfg.target_update_period
-        )
-        key, _ = jax.random.split(state.key)
-        new = TrainState(params, target_params, opt_state, step, key, state.loss_scale)
-        if not dynamic_scale:
-            return new
-        # A skipped step leaves `step` too, so the importance-exponent anneal and
-        # the target period count applied updates, as Adam's own step count does.
-        new = precision.select_tree(grads.finite, new, state)
-        loss_scale = precision.update_loss_scale(
-            state.loss_scale, grads.finite, cfg.loss_scale_period
-        )
-        return new._replace(loss_scale=loss_scale)
-
-    def track_grads(state: TrainState, grads: precision.CheckedGrads) -> TrainState:
-        # A Gorila worker's loss scale follows its own gradients, as a learner's does.
-        loss_scale = precision.update_loss_scale(
-            state.loss_scale, grads.finite, cfg.loss_scale_period
-        )
-        return state._replace(loss_scale=loss_scale)
-
+    loss_fn = functools.partial(_double_q_loss, apply_fn, cfg)
+    track_grads = functools.partial(_track_grads, cfg) if cfg.precision == "fp16" else None
     return builder_lib.UpdateFns(
-        compute_grads, apply_grads, track_grads=track_grads if dynamic_scale else None
+        functools.partial(_compute_grads, loss_fn, cfg),
+        functools.partial(_apply_grads, optimizer, cfg),
+        track_grads=track_grads,
     )
 
 
