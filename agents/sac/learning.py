@@ -221,6 +221,16 @@ def temperature_step(state: TrainState, optimizer, log_prob, target_entropy):
     return log_alpha, opt_state, loss
 
 
+def _target_critics(critic_params, target_critic_params, step, cfg: config_lib.SACConfig):
+    """Polyak-averaged target critics, moved every `target_update_period` steps."""
+    return optax.periodic_update(
+        optax.incremental_update(critic_params, target_critic_params, cfg.tau),
+        target_critic_params,
+        step,
+        cfg.target_update_period,
+    )
+
+
 def make_update_fns(
     networks: networks_lib.SACNetworks,
     optimizers: Optimizers,
@@ -254,12 +264,7 @@ def make_update_fns(
             state, optimizers.alpha, log_prob, target_entropy
         )
         step = state.step + 1
-        target_critic_params = optax.periodic_update(
-            optax.incremental_update(critic_params, state.target_critic_params, cfg.tau),
-            state.target_critic_params,
-            step,
-            cfg.target_update_period,
-        )
+        target_critic_params = _target_critics(critic_params, state.target_critic_params, step, cfg)
         new_state = TrainState(
             policy_params,
             critic_params,
