@@ -96,7 +96,31 @@ def add_nodes(
       The shard handles: what actors and the evaluator read parameters from.
     """
     check_agent(builder, spec)
-    restored_counters = restored_counters or {}
+    shards = _add_shards(graph, builder, cfg, spec, monitor_node, checkpoint_dir, restore_step)
+    _add_workers(
+        graph,
+        builder,
+        cfg,
+        spec,
+        replay_node,
+        shards,
+        monitor_node,
+        checkpoint_dir,
+        restored_counters or {},
+    )
+    return shards
+
+
+def _add_shards(
+    graph: program.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: Any,
+    spec: types.EnvSpec,
+    monitor_node: program.Handle,
+    checkpoint_dir: str | None,
+    restore_step: int | None,
+) -> list[program.Handle]:
+    """The parameter-server group: `cfg.num_ps_shards` shards, each holding one slice."""
     with graph.group("parameter_server", program.Resources(cfg.ps_cpus)):
         shards = [
             graph.add_node(
@@ -122,6 +146,21 @@ def add_nodes(
             graph.node(shard.name).restartable(
                 lambda counters: {"restore_step": sync_learner.NEWEST}
             )
+    return shards
+
+
+def _add_workers(
+    graph: program.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: Any,
+    spec: types.EnvSpec,
+    replay_node: program.Handle,
+    shards: list[program.Handle],
+    monitor_node: program.Handle,
+    checkpoint_dir: str | None,
+    restored_counters: dict[str, dict[str, float]],
+) -> None:
+    """The gradient-worker group: `cfg.num_learners` workers; worker 0 saves checkpoints."""
     resources = program.Resources(cfg.learner_cpus, cfg.learner_gpus)
     with graph.group("gradient_worker", resources):
         for index in range(cfg.num_learners):
@@ -147,4 +186,3 @@ def add_nodes(
             )
             # A replacement pulls the shards' parameters and continues its counters.
             graph.node(worker.name).restartable(monitor_lib.continue_counters)
-    return shards
