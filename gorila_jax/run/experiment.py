@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, metrics, types
@@ -273,6 +273,43 @@ def _wait_finished(running: Any, node: program_lib.Client) -> None:
     running.check()
 
 
+def _checkpoint_template(
+    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+) -> Callable[[], Any]:
+    """What the run's checkpoints restore into: the shards' state (gorila) or the learner's."""
+    if cfg.learner_mode == "gorila":
+        return lambda: shard_node.checkpoint_template(builder, spec, cfg.seed, cfg.num_ps_shards)
+    return lambda: builder_lib.initial_train_state(builder, spec, cfg.seed)
+
+
+def _set_ray_options(cfg: ExperimentConfig, launcher_options: dict[str, Any]) -> None:
+    """Fills the ray launcher's options from `cfg` where the caller did not set them."""
+    if cfg.launcher == "ray" and cfg.ray_address:
+        launcher_options.setdefault("address", cfg.ray_address)
+    if cfg.launcher == "ray" and cfg.max_restarts:
+        # Callers of a restarted node wait for its replacement instead of failing.
+        launcher_options.setdefault(
+            "reconnect_timeout_s", cfg.startup_timeout_s + cfg.heartbeat_timeout_s
+        )
+
+
+def _final_evaluation(
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    params: Any,
+    reason: str,
+) -> dict[str, Any]:
+    """The summary's final greedy evaluation; None and 0 episodes for an interrupted run."""
+    final_returns = None
+    if reason != "interrupted":
+        final_returns = evaluation.evaluate(builder, spec, params, cfg.eval_episodes, cfg.seed + 1)
+    return {
+        "final_eval_return": None if final_returns is None else float(final_returns.mean()),
+        "final_eval_episodes": 0 if final_returns is None else len(final_returns),
+    }
+
+
 def run_experiment(
     builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, **launcher_options: Any
 ) -> dict[str, Any]:
@@ -288,21 +325,10 @@ def run_experiment(
     cfg.validate()
     spec = envs.env_spec(cfg.env_id)
     builder.validate(cfg.num_learner_devices or 1, spec)
-    if cfg.learner_mode == "gorila":
-        template = lambda: shard_node.checkpoint_template(
-            builder, spec, cfg.seed, cfg.num_ps_shards
-        )  # noqa: E731
-    else:
-        template = lambda: builder_lib.initial_train_state(builder, spec, cfg.seed)  # noqa: E731
+    template = _checkpoint_template(builder, cfg, spec)
     resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
     program = make_program(builder, cfg, spec, resume)
-    if cfg.launcher == "ray" and cfg.ray_address:
-        launcher_options.setdefault("address", cfg.ray_address)
-    if cfg.launcher == "ray" and cfg.max_restarts:
-        # Callers of a restarted node wait for its replacement instead of failing.
-        launcher_options.setdefault(
-            "reconnect_timeout_s", cfg.startup_timeout_s + cfg.heartbeat_timeout_s
-        )
+    _set_ray_options(cfg, launcher_options)
     resume_env_steps = checkpoint.total(resume.meta, "env_steps") if resume else None
     logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps)
     # A resumed run's clock goes on from the last row kept: wall time stays the x-axis.
@@ -325,16 +351,12 @@ def run_experiment(
     if cfg.saves_checkpoints:
         where = checkpoint.checkpoint_root(cfg.logdir)
         print(f"checkpoint: learner step {params_version:,} in {where}", flush=True)
-    final_returns = None
-    if reason != "interrupted":
-        final_returns = evaluation.evaluate(builder, spec, params, cfg.eval_episodes, cfg.seed + 1)
     summary = {
         "env_id": cfg.env_id,
         "stop_reason": reason,
         **_totals(snapshot, wall_time),
         "params_version": params_version,
-        "final_eval_return": None if final_returns is None else float(final_returns.mean()),
-        "final_eval_episodes": 0 if final_returns is None else len(final_returns),
+        **_final_evaluation(builder, cfg, spec, params, reason),
         "evaluations": evaluations,
         "restarts": restarts,
         "resumed_from_learner_step": resume.step if resume else None,
