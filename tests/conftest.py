@@ -27,6 +27,46 @@ LEAK_GRACE_S = 10.0
 PROCESS_LIFETIME_THREADS = ()
 
 
+# The slow tests that took longest in the last CI runs (README, "Tests"), longest first.
+LONGEST_SLOW_TESTS = (
+    "test_gorila_dqn_solves_cartpole_with_two_workers_and_two_shards",
+    "test_runs_tear_down_and_exit_cleanly_while_another_process_keeps_the_cpu_busy",
+    "test_kill_9_of_a_gradient_worker_a_shard_and_the_replay_restarts_each_and_updates_go_on",
+    "test_two_learner_processes_step_together_and_a_killed_one_restarts_the_group",
+    "test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead",
+)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected what will not run
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (`-n`, `--dist loadfile --no-loadscope-reorder`), the files with the
+    longest tests go to the workers first, then those with other slow tests, then the rest.
+
+    xdist hands out files in this order, each file whole to one worker (its
+    module-scoped fixtures run once, and the leak check sees the whole module):
+    the short files at the end fill the workers evenly, where a long test that
+    started last would keep one worker busy after the others end. A serial run
+    keeps the file order.
+    """
+    if not hasattr(config, "workerinput"):
+        return
+
+    def rank(item) -> int:
+        if not item.get_closest_marker("slow"):
+            return len(LONGEST_SLOW_TESTS) + 1
+        name = getattr(item, "originalname", item.name)
+        return (
+            LONGEST_SLOW_TESTS.index(name)
+            if name in LONGEST_SLOW_TESTS
+            else len(LONGEST_SLOW_TESTS)
+        )
+
+    file_rank: dict = {}
+    for item in items:
+        file_rank[item.path] = min(file_rank.get(item.path, rank(item)), rank(item))
+    items.sort(key=lambda item: file_rank[item.path])  # stable: a file's own order stays
+
+
 @pytest.fixture
 def ray_options():
     """Launcher options for a private Ray cluster; asserts it is gone afterwards."""
