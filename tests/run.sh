@@ -8,4 +8,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/setup_env.sh"
 ruff check gorila_jax agents launch tests bench
-exec python -m pytest -n 3 --dist loadfile --no-loadscope-reorder -ra --durations=10 -m "not extended" "$@"
+exec python -m pytest -n 3 --dist loadfile -ra --durations=10 -m "not extended" "$@"
