@@ -1,4 +1,5 @@
-"""Test setup: 4 CPU devices for pmap tests, before anything imports jax."""
+"""Test setup: 4 CPU devices for pmap tests, before anything imports jax; a check that
+each test module ends every thread and child process it started."""
 
 import os
 
@@ -7,11 +8,92 @@ if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
     # Append rather than assign: the user may have XLA_FLAGS of their own.
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAKE_DEVICES}".strip()
 
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 # Options for the Ray launcher in tests: 2 logical CPUs as on the CI machine,
 # a small object store so the cluster starts fast.
 RAY_TEST_OPTIONS = {"num_cpus": 2, "object_store_memory": 200 * 1024 * 1024}
+
+# How long a module's threads and child processes may take to end after its
+# last test: Ray's workers exit a few seconds after `ray.shutdown` on a loaded machine.
+LEAK_GRACE_S = 10.0
+
+# Threads that a module is known to leave running, by module and thread name prefix:
+# each a bug of the production code, to be removed with its fix. (No library here
+# keeps a Python thread of its own past its use: none needs a place in this list.)
+KNOWN_LEFTOVER_THREADS = {
+    # test_a_shard_restarted_at_another_address_is_sampled_again: the shard's puller,
+    # abandoned on the server the test stopped, stays blocked in Reverb for good
+    # (gorila_jax/replay/sharded.py, `_ShardStream.close`).
+    "tests.gorila_jax.test_sharded_replay": ("replay-shard-",),
+}
+
+
+# Tests that run one after another on one xdist worker, beside the others: their
+# bounds on wall time (a stall timeout, waits for a restarted node) and Gorila's
+# asynchronous learning were measured with one such run on the machine at a time, and
+# the teardown test keeps a core busy on purpose. xdist's scheduler sees test ids
+# only, not marks, hence names.
+ONE_AT_A_TIME = frozenset(
+    {
+        "test_gorila_dqn_solves_cartpole_with_two_workers_and_two_shards",
+        "test_kill_9_of_a_gradient_worker_a_shard_and_the_replay_restarts_each_and_updates_go_on",
+        "test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead",
+        "test_kill_9_of_the_learner_restarts_it_from_its_newest_checkpoint",
+        "test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect",
+        "test_two_learner_processes_step_together_and_a_killed_one_restarts_the_group",
+        "test_ppo_learns_under_the_ray_launcher_with_two_actors",
+        "test_runs_tear_down_and_exit_cleanly_while_another_process_keeps_the_cpu_busy",
+    }
+)
+
+
+def _test_name(nodeid: str) -> str:
+    return nodeid.rpartition("::")[2].partition("[")[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, except that the `ONE_AT_A_TIME` tests are one unit of work.
+
+    Units go out in collection order (`pytest_collection_modifyitems` below puts
+    that unit first): one worker takes it, the others take whole files meanwhile.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneAtATimeThenFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if _test_name(nodeid) in ONE_AT_A_TIME:
+                return "one at a time"
+            return super()._split_scope(nodeid)
+
+    config.option.loadscopereorder = False  # the collection order is the schedule
+    return OneAtATimeThenFiles(config, log)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected what will not run
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the `ONE_AT_A_TIME` tests first, then the files with other slow tests,
+    then the rest: the short files at the end fill the workers evenly.
+
+    xdist gives each file whole to one worker, so a module's fixtures run once and
+    the leak check sees the whole module. A serial run keeps the file order.
+    """
+    if not hasattr(config, "workerinput"):
+        return
+    has_slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> int:
+        if _test_name(item.nodeid) in ONE_AT_A_TIME:
+            return 0
+        return 1 if item.path in has_slow else 2
+
+    items.sort(key=rank)  # stable: a file's own order stays
 
 
 @pytest.fixture
@@ -22,3 +104,67 @@ def ray_options():
     yield dict(RAY_TEST_OPTIONS)
     if ray.is_initialized():  # a test that failed before stop(): do not leak the cluster
         ray.shutdown()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_thread_or_child_process_outlives_its_module(request):
+    """Fails the module (an error at its last test's teardown) if a thread or a child
+    process it started is still running `LEAK_GRACE_S` after its last test.
+
+    Leftover children are killed, so that one leaking module does not slow or
+    break the modules after it.
+    """
+    known = KNOWN_LEFTOVER_THREADS.get(request.module.__name__, ())
+    threads_before = set(threading.enumerate())
+    children_before = set(_children())
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        threads = [
+            thread
+            for thread in threading.enumerate()
+            if thread not in threads_before
+            and thread.is_alive()
+            and not thread.name.startswith(known)
+        ]
+        children = [child for child in _children() if child not in children_before]
+        if not (threads or children) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if not (threads or children):
+        return
+    names = [_describe(child) for child in children]
+    for child in children:
+        _kill(child)
+    pytest.fail(
+        f"{request.module.__name__} left running: "
+        f"threads {sorted(thread.name for thread in threads)}, child processes {names}",
+        pytrace=False,
+    )
+
+
+def _children() -> list[psutil.Process]:
+    """This process's running descendants (a zombie has ended: only its exit status is left)."""
+    running = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                running.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def _describe(child: psutil.Process) -> str:
+    try:
+        return f"{child.pid} {' '.join(child.cmdline())[:200]}"
+    except psutil.Error:
+        return f"{child.pid} (ended)"
+
+
+def _kill(child: psutil.Process) -> None:
+    try:
+        child.kill()
+        child.wait(timeout=5)
+    except psutil.Error:
+        pass
