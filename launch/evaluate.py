@@ -13,7 +13,6 @@ and Atari, among others). Only GIF: an mp4 needs a video encoder (ffmpeg),
 which is not among the dependencies.
 """
 
-import dataclasses
 import json
 import sys
 
@@ -43,27 +42,6 @@ _STEP = flags.DEFINE_integer(
 )
 _VIDEO = flags.DEFINE_string("video", None, "Write one episode to this .gif file.")
 _VIDEO_FPS = flags.DEFINE_integer("video_fps", 30, "Frames per second of the GIF.", lower_bound=1)
-
-
-def _registered(path: str, role: str) -> type:
-    """The class config.json names by import path: the `role` ("builder" or "config") of an
-    agent in `presets.AGENTS`, so a record cannot make this import anything else."""
-    for agent in presets.AGENTS.values():
-        cls = getattr(agent, role)
-        if f"{cls.__module__}.{cls.__qualname__}" == path:
-            return cls
-    raise ValueError(f"config.json names {path!r}, which is not an agent in agents/")
-
-
-def load_builder(record: dict, epsilon: float | None):
-    """The agent's builder from a config.json record, with the evaluation epsilon set."""
-    config_cls = _registered(record["agent_config_class"], "config")
-    config = checkpoint.config_from_dict(config_cls, record["agent_config"])
-    if epsilon is not None:
-        if not hasattr(config, "eval_epsilon"):
-            raise ValueError(f"{config_cls.__name__} has no eval_epsilon for --epsilon to set")
-        config = dataclasses.replace(config, eval_epsilon=epsilon)
-    return _registered(record["builder"], "builder")(config)
 
 
 def record_gif(builder, spec, params, seed: int, path: str, fps: int) -> int:
@@ -105,7 +83,7 @@ def evaluate_run(
       (report, builder, spec, params): the report is what the JSON line holds.
     """
     record = checkpoint.read_config(logdir)
-    builder = load_builder(record, epsilon)
+    builder = presets.builder_from_record(record, epsilon)
     spec = envs.env_spec(record["experiment"]["env_id"])
     target = jax.device_get(builder.init_train_state(jax.random.PRNGKey(0), spec))
     if step is not None and step not in checkpoint.saved_steps(logdir):

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from agents import dqn, ppo, sac
+from gorila_jax.learning import checkpoint
 from launch import ppo_presets, sac_presets
 
 DQN_PRESETS = ("default", "cartpole", "simple", "medium", "hard")
@@ -224,3 +225,24 @@ def load(
     if unknown:
         raise ValueError(f"preset file {name!r}: unknown experiment settings {sorted(unknown)}")
     return dataclasses.replace(config, **agent_values), {**settings, **experiment_values}
+
+
+def _registered(path: str, role: str) -> type:
+    """The class config.json names by import path: the `role` ("builder" or "config") of an
+    agent in `AGENTS`, so a record cannot make this import anything else."""
+    for agent in AGENTS.values():
+        cls = getattr(agent, role)
+        if f"{cls.__module__}.{cls.__qualname__}" == path:
+            return cls
+    raise ValueError(f"config.json names {path!r}, which is not an agent in agents/")
+
+
+def builder_from_record(record: dict, epsilon: float | None = None):
+    """The agent's builder from a config.json record, with the evaluation epsilon set."""
+    config_cls = _registered(record["agent_config_class"], "config")
+    config = checkpoint.config_from_dict(config_cls, record["agent_config"])
+    if epsilon is not None:
+        if not hasattr(config, "eval_epsilon"):
+            raise ValueError(f"{config_cls.__name__} has no eval_epsilon for --epsilon to set")
+        config = dataclasses.replace(config, eval_epsilon=epsilon)
+    return _registered(record["builder"], "builder")(config)

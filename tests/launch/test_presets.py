@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from gorila_jax.run import experiment
-from launch import evaluate, presets
+from launch import presets
 
 EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "num_envs_per_actor"}
 
@@ -87,11 +87,11 @@ def test_every_registered_agent_has_each_preset_it_names(agent):
         entry.preset("nosuch")
 
 
-def test_evaluate_rebuilds_only_registered_agents():
+def test_a_run_record_rebuilds_only_registered_agents():
     record = {"agent_config_class": "os.path.join", "agent_config": {}, "builder": "os.system"}
     with pytest.raises(ValueError, match="'os.path.join', which is not an agent"):
-        evaluate.load_builder(record, None)
+        presets.builder_from_record(record, None)
     dqn_config = presets.AGENTS["dqn"].config
     path = f"{dqn_config.__module__}.{dqn_config.__qualname__}"
     with pytest.raises(ValueError, match="'os.system', which is not an agent"):
-        evaluate.load_builder({**record, "agent_config_class": path}, None)
+        presets.builder_from_record({**record, "agent_config_class": path}, None)
