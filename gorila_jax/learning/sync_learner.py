@@ -137,10 +137,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         # The fresh state only lends its structure, shapes and dtypes: the
         # skeleton never looks inside an agent's state.
         state, meta = self._checkpoints.restore(restore_step, jax.device_get(state))
-        self._started_from = restore_step
-        self._guard_meta = meta.get("numeric_guard", {})
-        self.rollbacks = int(self._guard_meta.get("rollbacks", 0))
-        return state, int(meta["learner_steps"])
+        return state, self._resumed_from(restore_step, meta)
 
     def _restore_newest(self, fresh: Any) -> tuple[Any, int]:
         newest = self._checkpoints.restore_newest(jax.device_get(fresh), self._name)
@@ -148,11 +145,15 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             logging.warning("%s: restarted without a checkpoint to load: fresh state", self._name)
             return fresh, 0
         step_saved, state, meta = newest
+        logging.warning("%s: restarted from the checkpoint of step %d", self._name, step_saved)
+        return state, self._resumed_from(step_saved, meta)
+
+    def _resumed_from(self, step_saved: int, meta: dict[str, Any]) -> int:
+        """Takes the guard settings and rollbacks of checkpoint `step_saved`; its learner steps."""
+        self._started_from = step_saved
         self._guard_meta = meta.get("numeric_guard", {})
         self.rollbacks = int(self._guard_meta.get("rollbacks", 0))
-        self._started_from = step_saved
-        logging.warning("%s: restarted from the checkpoint of step %d", self._name, step_saved)
-        return state, int(meta["learner_steps"])
+        return int(meta["learner_steps"])
 
     def batch_size(self) -> int:
         """The global batch the schedule gives at the current learner step."""
