@@ -225,9 +225,10 @@ class Supervisor:
                of being built.
     Silence and stalls are judged for nodes whose spec is `restartable`
     only; a death, for every node. A faulty restartable node is replaced by
-    a fresh one (`RunningProgram.restart`) with the spec's `restart_kwargs`
-    of its last counters, at most `max_restarts` times; then, or for a node
-    that cannot be restarted, `check` raises `RunFailed` with the reason. A
+    a fresh one (`RunningProgram.kill`, then `RunningProgram.restart`) with
+    the spec's `restart_kwargs` of the last counters it reported before the
+    kill, at most `max_restarts` times; then, or for a node that cannot be
+    restarted, `check` raises `RunFailed` with the reason. A
     node of a restart group (`Program.restart_together`) is replaced with
     every member of its group, each counting one restart. Stall checks pause
     for `stall_timeout_s` after any restart: while a learner restarts, actors
@@ -295,8 +296,13 @@ class Supervisor:
                 for member in members:  # refuse before replacing any of them
                     self._refuse_restart(member, fault if member == name else f"({name} {fault})")
                 for member in members:
+                    self._kill(member, fault)
+                # Read after the kills: a member still alive when `status` was
+                # taken may have reported a later count since.
+                final = self._monitor.node_status()
+                for member in members:
                     reason = fault if member == name else f"replaced with {name}, which {fault}"
-                    counters = (status.get(member) or {}).get("counters", {})
+                    counters = (final.get(member) or {}).get("counters", {})
                     done.append(self._restart(member, reason, counters))
                 replaced.update(members)
         return done
@@ -379,6 +385,12 @@ class Supervisor:
                 f"node {name} {fault}; it was restarted {self.restarts[name]} times already "
                 f"(max_restarts={self._max_restarts}), so the run stops"
             )
+
+    def _kill(self, name: str, fault: str) -> None:
+        try:
+            self._running.kill(name)
+        except NotImplementedError as error:
+            raise RunFailed(f"node {name} {fault}; {error}") from None
 
     def _restart(self, name: str, fault: str, counters: dict[str, float]) -> str:
         """Replaces node `name`; `check` has asked `_refuse_restart` for it (and its group)."""

@@ -103,6 +103,9 @@ class _ElasticRunning:
     def is_built(self, name: str) -> bool:
         return True
 
+    def kill(self, name: str) -> None:
+        pass
+
     def restart(self, name: str, kwargs: dict) -> None:
         self.restarted.append(name)
         self.failed.pop(name, None)

@@ -6,6 +6,7 @@ real actor hung inside its policy.
 """
 
 import dataclasses
+from collections.abc import Callable
 import json
 import os
 import signal
@@ -33,6 +34,8 @@ class _FakeRunning:
         self.failed: dict[str, str] = {}
         self.built: set[str] = {spec.name for spec in graph.nodes}
         self.restarted: list[tuple[str, dict]] = []
+        self.killed: list[str] = []
+        self.on_kill: Callable[[str], None] = lambda name: None
 
     def failures(self) -> dict[str, str]:
         return dict(self.failed)
@@ -40,7 +43,12 @@ class _FakeRunning:
     def is_built(self, name: str) -> bool:
         return name in self.built
 
+    def kill(self, name: str) -> None:
+        self.killed.append(name)
+        self.on_kill(name)
+
     def restart(self, name: str, kwargs: dict) -> None:
+        assert name in self.killed, "a node is killed before it is replaced"
         self.restarted.append((name, kwargs))
         self.failed.pop(name, None)
         self.built.discard(name)

@@ -99,6 +99,29 @@ def test_one_dead_learner_process_restarts_the_group_once_from_the_newest_checkp
     assert len(running.restarted) == len(GROUP)
 
 
+def test_a_group_restart_continues_from_the_counts_reported_before_the_kill(tmp_path):
+    # The dead process takes the group down, but the chief steps (and reports)
+    # on until it is killed: its successor must continue from that later count,
+    # or the job's step count goes backwards (seen in CI: 71 -> 70).
+    graph = _two_host_program(tmp_path)
+    running, clock = _FakeRunning(graph), _Clock()
+    hub = _FakeMonitor(clock)
+    supervisor = monitor.Supervisor(running, hub, 3.0, 0.0, max_restarts=1, clock=clock)
+    hub.beat("learner/0", learner_steps=70)
+    hub.beat("learner/1", process_learner_steps=70)
+    assert supervisor.check() == []
+    running.failed["learner/1"] = "ActorDiedError: killed"
+
+    def final_report(name: str) -> None:
+        if name == "learner/0":
+            hub.beat("learner/0", learner_steps=71)  # its heartbeat as it is stopped
+
+    running.on_kill = final_report
+    supervisor.check()
+    assert running.killed == list(GROUP)
+    assert dict(running.restarted)["learner/0"]["restored_counters"] == {"learner_steps": 71}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_learner_processes_step_together_and_a_killed_one_restarts_the_group(

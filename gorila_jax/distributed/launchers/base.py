@@ -158,6 +158,20 @@ class RunningProgram(abc.ABC):
         """True once node `name`'s constructor has returned (or failed)."""
         return True
 
+    def kill(self, name: str) -> None:
+        """Ends node `name`'s current incarnation at once; returns when its process is gone.
+
+        A supervisor kills every node it replaces before it reads their last
+        counters, so a node still alive cannot report a later count after
+        the one its successor continues from.
+
+        Raises:
+          NotImplementedError: this launcher cannot replace nodes.
+        """
+        raise NotImplementedError(
+            f"the {type(self).__name__} launcher cannot restart nodes (the ray launcher can)"
+        )
+
     def restart(self, name: str, kwargs: dict | None = None) -> None:
         """Replaces node `name` with a fresh one built from its spec, `kwargs` overriding.
 

@@ -209,6 +209,14 @@ class RayProgram(base.RunningProgram):
                 group = self.program.node(name).group
                 self._free_bundles.setdefault(group, []).append(bundle_owner)
 
+    def kill(self, name: str, timeout_s: float = 30.0) -> None:
+        spec = self.program.node(name)
+        ray.kill(self._actors[spec.name], no_restart=True)
+        # A killed actor's pending `watch` fails once its process is gone.
+        watch = self._watch_refs.get(spec.name)
+        if watch is not None:
+            ray.wait([watch], timeout=timeout_s)
+
     def restart(self, name: str, kwargs: dict | None = None) -> None:
         """Kills node `name`'s actor (if still alive) and starts a fresh one in its place.
 
