@@ -2,12 +2,15 @@
 running fails, naming them; one whose threads and children end soon after its last test
 passes."""
 
+import ast
 import os
 import subprocess
 import sys
 import textwrap
 
 import psutil
+
+from tests import conftest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,3 +75,22 @@ def test_a_module_whose_thread_and_child_end_soon_after_its_last_test_passes(tmp
     result = _pytest(tmp_path)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "1 passed" in result.stdout, result.stdout[-3000:]
+
+
+def test_every_test_the_scheduler_and_the_leak_check_name_still_exists():
+    # Both tables in tests/conftest.py match by name: a renamed test would silently
+    # leave the one-at-a-time unit (and run beside the others), or a module's
+    # known leftover would excuse nothing.
+    test_names, modules = set(), set()
+    for folder, _, files in os.walk(os.path.join(REPO, "tests")):
+        for name in files:
+            if name.startswith("test_") and name.endswith(".py"):
+                path = os.path.join(folder, name)
+                modules.add(os.path.relpath(path, REPO)[:-3].replace(os.sep, "."))
+                with open(path) as f:
+                    tree = ast.parse(f.read())
+                test_names |= {
+                    node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+                }
+    assert conftest.ONE_AT_A_TIME <= test_names, conftest.ONE_AT_A_TIME - test_names
+    assert set(conftest.KNOWN_LEFTOVER_THREADS) <= modules
