@@ -1,6 +1,7 @@
 """`python -m launch.plot` and gorila_jax/plots.py: the lines drawn are the runs' numbers,
 aggregated over seeds as documented, read back from the figure; clear errors."""
 
+import dataclasses
 import json
 import math
 import os
@@ -11,7 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from agents import dqn
 from gorila_jax import metrics, plots
+from gorila_jax.run import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ENV_STEPS_PER_ROW, ENV_STEPS_PER_S = 1_000, 250.0
@@ -358,3 +361,52 @@ def test_sweep_figure_marks_each_groups_iqm_over_its_final_returns(tmp_path):
         assert image.format == "PNG"
     with pytest.raises(ValueError, match="'lr=1e-3' has final returns that are not numbers"):
         plots.write_sweep_figure({"lr=1e-3": [1.0, None]}, str(path))
+
+
+# A real (tiny) training run: the files read are run_experiment's own, Gorila columns
+# and evaluations included. 15-50 s, by the machine's load.
+@pytest.mark.slow
+def test_a_real_gorila_run_draws_every_panel_from_what_it_wrote(tmp_path):
+    config = dataclasses.replace(
+        dqn.DQNConfig(),
+        hidden_sizes=(32, 32),
+        batch_size=32,
+        min_replay_size=500,
+        samples_per_insert=2.0,
+        epsilon_decay_steps=2_000,
+    )
+    cfg = experiment.ExperimentConfig(
+        launcher="local",
+        learner_mode="gorila",
+        num_learners=2,
+        num_ps_shards=2,
+        num_actors=1,
+        num_envs_per_actor=4,
+        total_env_steps=3_000,
+        num_learner_devices=1,
+        eval_interval_s=1.0,
+        eval_episodes=2,
+        log_interval_s=0.5,
+        checkpoint_interval_steps=0,
+        logdir=str(tmp_path),
+    )
+    summary = experiment.run_experiment(dqn.DQNBuilder(config), cfg)
+    rows = plots.read_run(str(tmp_path)).rows
+
+    fig = plots.plot_logdirs(
+        [str(tmp_path)], str(tmp_path / "all.png"), ("env_steps",), list(plots.PANELS)
+    )
+    ret, env_rate, update_rate, replay_ratio, gorila = fig.axes
+    assert all(ax.get_lines() for ax in fig.axes)
+    (greedy,) = _lines(ret, f"{tmp_path} greedy")
+    # The greedy curve ends at the run's result, the driver's final evaluation.
+    assert greedy.get_xdata()[-1] == summary["env_steps"]
+    assert greedy.get_ydata()[-1] == pytest.approx(summary["final_eval_return"])
+    applied, _ = gorila.get_lines()
+    assert applied.get_ydata()[-1] == rows[-1]["gradients_applied"] > 0
+    (ratio,) = replay_ratio.get_lines()
+    # Two workers' updates of 32 items each over the env steps so far.
+    assert ratio.get_ydata()[-1] == pytest.approx(
+        rows[-1]["learner_steps"] * 32 / rows[-1]["env_steps"]
+    )
+    assert os.path.isfile(plots.write_run_curves(str(tmp_path)))
