@@ -100,8 +100,11 @@ def route_third_party_logs(logdir: str) -> str:
     sys.stderr = console
 
     root = logging.getLogger()
-    absl_logging.use_absl_handler()  # app.run installs it; a library caller may not have
-    absl_logging.get_absl_handler().python_handler.setStream(log)
+    # absl's handler (app.run installs it) writes to stderr until flags are parsed.
+    root.removeHandler(absl_logging.get_absl_handler())
+    to_file = logging.StreamHandler(log)
+    to_file.setFormatter(absl_logging.PythonFormatter())
+    root.addHandler(to_file)
     root.addHandler(_ConsoleHandler())
     root.setLevel(min(root.level or logging.INFO, logging.INFO))
     # Ray's logger has a console handler of its own and does not propagate.

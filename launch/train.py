@@ -183,7 +183,8 @@ def preset_lines() -> list[str]:
 
 
 def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
-    """The agents whose builder accepts `spec` with the config `--preset=auto` gives them.
+    """The agents a run accepts on `spec` with `--preset=auto`: a preset for the env and a
+    builder that takes its observations and actions.
 
     Whether a builder accepts an env depends on its preset and the shapes and
     kinds of observations and actions, so one check serves every env alike.
@@ -193,10 +194,10 @@ def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
     if key not in cache:
         accepted = []
         for name, agent in presets.AGENTS.items():
-            config, _ = presets.load("auto", name, spec.env_id, set())
             try:
+                config, _ = presets.load("auto", name, spec.env_id, set())
                 agent.builder(config).validate(1, spec)
-            except ValueError:
+            except ValueError:  # no preset for the env, or the builder rejects it
                 continue
             accepted.append(name)
         cache[key] = tuple(accepted)
@@ -212,9 +213,11 @@ def env_lines(env_ids: list[str] | None = None) -> list[str]:
         family = envpool.registration.registry.specs[env_id][0].removeprefix("envpool.")
         try:
             spec = envs.env_spec(env_id)
-        except (ImportError, RuntimeError) as error:
-            # A family whose system libraries are missing here (Procgen needs Qt).
-            header = f"cannot load here ({type(error).__name__}: {str(error).splitlines()[0]})"
+        except (ImportError, RuntimeError, TypeError) as error:
+            # Procgen needs Qt, which this host may lack; a few envs have no Box or
+            # Discrete observation space to read a spec from.
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            header = f"no agent: the spec does not load ({reason})"
         else:
             agents = ", ".join(_agents_that_act(spec, cache)) or "no agent"
             kind = "discrete" if spec.discrete else "continuous"

@@ -348,6 +348,8 @@ def _route_worker_logs() -> None:
         return
 
     def forward(data: dict[str, Any]) -> None:
+        if data.get("pid") == "autoscaler":
+            return  # its cluster status every few seconds, which Ray itself does not print
         source = data.get("actor_name") or data.get("task_name") or "worker"
         prefix = f"({source} pid={data.get('pid')}) "
         for line in data.get("lines", ()):
