@@ -8,6 +8,7 @@ forwards from its worker processes) into a file, while warnings and errors of
 this codebase, and errors of anyone, stay on the console.
 """
 
+import dataclasses
 import logging
 import os
 import re
@@ -17,6 +18,7 @@ from typing import Any, TextIO
 
 import rich.console
 import rich.progress
+import rich.text
 from absl import logging as absl_logging
 
 from gorila_jax import metrics
@@ -59,12 +61,12 @@ class _ConsoleHandler(logging.StreamHandler):
         del value  # StreamHandler.__init__ sets one; this handler always uses sys.stderr
 
 
+@dataclasses.dataclass(frozen=True)
 class _Routing:
     """Where third-party output goes once `route_third_party_logs` ran."""
 
-    def __init__(self, path: str, log: TextIO):
-        self.path = path
-        self.log = log
+    path: str
+    log: TextIO
 
 
 _routing: _Routing | None = None
@@ -106,7 +108,8 @@ def route_third_party_logs(logdir: str) -> str:
     to_file.setFormatter(absl_logging.PythonFormatter())
     root.addHandler(to_file)
     root.addHandler(_ConsoleHandler())
-    root.setLevel(min(root.level or logging.INFO, logging.INFO))
+    # The file keeps INFO too (absl's default verbosity under app.run).
+    root.setLevel(min(root.getEffectiveLevel(), logging.INFO))
     # Ray's logger has a console handler of its own and does not propagate.
     ray_logger = logging.getLogger("ray")
     for handler in list(ray_logger.handlers):
@@ -174,6 +177,17 @@ def _number(value: float, fmt: str) -> str:
     return "-" if value != value else format(value, fmt)  # NaN: nothing measured yet
 
 
+class _BarOverStats(rich.progress.Progress):
+    """The bar, and under it a line of rates and returns: one line of both would not fit
+    an 80-column terminal."""
+
+    stats = ""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        yield rich.text.Text(self.stats, no_wrap=True, overflow="ellipsis")
+
+
 class BarProgress:
     """A live bar over the env-step budget with ETA, rates and returns (terminals).
 
@@ -181,19 +195,18 @@ class BarProgress:
     """
 
     def __init__(self, total_env_steps: int, file: TextIO | None = None):
-        self._progress = rich.progress.Progress(
+        self._progress = _BarOverStats(
             rich.progress.TextColumn("env steps"),
             rich.progress.BarColumn(),
             rich.progress.MofNCompleteColumn(),
             rich.progress.TextColumn("ETA"),
             rich.progress.TimeRemainingColumn(),
-            rich.progress.TextColumn("{task.fields[rates]}"),
-            rich.progress.TextColumn("{task.fields[returns]}"),
             console=rich.console.Console(file=file or sys.stdout),
             refresh_per_second=4,
         )
-        self._task = self._progress.add_task("train", total=total_env_steps, rates="", returns="")
-        self._rates = ""
+        self._task = self._progress.add_task("train", total=total_env_steps)
+        self._rates = "- env steps/s | - updates/s"
+        self._returns = "return - | greedy -"
 
     def __enter__(self) -> "BarProgress":
         self._progress.start()
@@ -207,19 +220,23 @@ class BarProgress:
         self._progress.console.print(line, markup=False, highlight=False)
 
     def poll(self, snapshot: dict[str, Any]) -> None:
-        returns = (
+        self._returns = (
             f"return {_number(snapshot['mean_return'], '.1f')} | "
             f"greedy {_number(snapshot['eval_return'], '.1f')}"
         )
-        self._progress.update(self._task, completed=snapshot["env_steps"], returns=returns)
+        self._show(snapshot["env_steps"])
 
     def row(self, row: dict[str, Any], suffix: str = "") -> None:
-        del suffix  # the bar stays one line; metrics.csv has the Gorila counters
-        rates = (
+        del suffix  # the bar stays two lines; metrics.csv has the Gorila counters
+        self._rates = (
             f"{row['env_steps_per_s']:,.0f} env steps/s | "
             f"{row['learner_steps_per_s']:,.1f} updates/s"
         )
-        self._progress.update(self._task, completed=row["env_steps"], rates=rates)
+        self._show(row["env_steps"])
+
+    def _show(self, env_steps: int) -> None:
+        self._progress.stats = f"{self._rates} | {self._returns}"
+        self._progress.update(self._task, completed=env_steps)
 
 
 def progress_reporter(total_env_steps: int) -> LineProgress | BarProgress:

@@ -187,7 +187,7 @@ def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
     builder that takes its observations and actions.
 
     Whether a builder accepts an env depends on its preset and the shapes and
-    kinds of observations and actions, so one check serves every env alike.
+    kinds of observations and actions, so envs alike in these share one check.
     """
     preset = presets.resolve("auto", spec.env_id)
     key = (preset, spec.observation_shape, spec.observation_dtype, spec.discrete, spec.action_shape)
@@ -204,12 +204,12 @@ def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
     return cache[key]
 
 
-def env_lines(env_ids: list[str] | None = None) -> list[str]:
-    """envpool's task ids (or `env_ids`) by family and action kind, each group under a
-    line naming the agents that can act there."""
+def env_lines() -> list[str]:
+    """envpool's task ids by family and action kind, each group under a line naming the
+    agents that can act there."""
     groups: dict[tuple[str, str], list[str]] = {}
     cache: dict = {}
-    for env_id in env_ids or envpool.list_all_envs():
+    for env_id in envpool.list_all_envs():
         family = envpool.registration.registry.specs[env_id][0].removeprefix("envpool.")
         try:
             spec = envs.env_spec(env_id)
@@ -226,9 +226,10 @@ def env_lines(env_ids: list[str] | None = None) -> list[str]:
     lines = []
     for (family, header), ids in sorted(groups.items()):
         lines.append(f"{family} | {header}")
-        lines.extend(
-            textwrap.wrap(" ".join(ids), 96, initial_indent="    ", subsequent_indent="    ")
-        )
+        indent = {"initial_indent": "    ", "subsequent_indent": "    "}
+        # Env ids have hyphens (CartPole-v1), which textwrap breaks at by default.
+        wrapped = textwrap.wrap(" ".join(ids), 96, break_on_hyphens=False, **indent)
+        lines.extend(wrapped)
     return lines
 
 

@@ -1,6 +1,7 @@
 """What a user sees on the console: progress lines or a live bar, and no other library's
 log lines unless --verbose (those go to the file the first console line names)."""
 
+import io
 import os
 import pty
 import re
@@ -190,6 +191,20 @@ def test_the_line_reporter_prints_the_metrics_progress_line(capsys):
         "restarted actor/0 (1/3): no heartbeat",
         metrics.progress_line(row) + " | gorila part",
     ]
+
+
+def test_a_bar_stopped_before_its_budget_ends_on_its_last_state_and_a_newline():
+    # A run stopped by --max_wall_time_s or --stop_at_eval_return leaves the loop early.
+    out = io.StringIO()
+    snapshot = {"env_steps": 600, "mean_return": 31.0, "eval_return": 475.0}
+    row = {**snapshot, "env_steps_per_s": 300.0, "learner_steps_per_s": 20.0}
+    with console.BarProgress(1000, file=out) as progress:
+        progress.poll(snapshot)
+        progress.row(row)
+    text = out.getvalue()
+    assert re.search(r"600/1000 ETA", text), text
+    assert "300 env steps/s | 20.0 updates/s" in text and "greedy 475.0" in text
+    assert text.endswith("\n")
 
 
 @pytest.mark.slow
