@@ -126,7 +126,7 @@ def route_third_party_logs(logdir: str) -> str:
 
 
 # A Python log line as a Ray worker prints it: logging's default format
-# ("WARNING:absl:...") or absl's ("W1201 18:31:19.27 1398 learner.py:12] ...").
+# ("WARNING:root:...") or absl's ("W1201 18:31:19.27 1398 learner.py:12] ...").
 _WORKER_WARNING = re.compile(
     r"^(?:(WARNING|ERROR|CRITICAL):([\w.]+):"  # logging's default format
     r"|([WEF])\d{4} \S+\s+\d+ ([\w.]+):\d+\])"  # absl's
@@ -142,13 +142,14 @@ _OUR_MODULE_FILES = frozenset(
 
 def worker_line_matters(line: str) -> bool:
     """Whether a line a Ray worker wrote belongs on the console: an error, or a warning
-    of our code (our modules log through absl's logger)."""
+    of our code."""
     match = _WORKER_WARNING.match(line)
     if match is None:
         return False
     level, logger, letter, filename = match.groups()
     if level is not None:
-        return level != "WARNING" or logger == "absl"
+        # absl's functions, which our modules call, log as "root" in a Ray worker.
+        return level != "WARNING" or logger in ("root", "absl")
     return letter != "W" or filename in _OUR_MODULE_FILES
 
 

@@ -159,7 +159,9 @@ def test_routing_keeps_our_warnings_and_every_error_on_the_console(tmp_path):
 @pytest.mark.parametrize(
     "line, matters",
     [
-        ("WARNING:absl:restarted learner/0 (1/3): no heartbeat for 31s", True),
+        # absl.logging.warning in a Ray worker (what it printed under Ray 2.60).
+        ("WARNING:root:removing unusable checkpoint /tmp/run/checkpoints/learner/9", True),
+        ("WARNING:absl:replay at 10.0.0.1:5000 does not answer; waiting for it", True),
         ("W1201 18:31:19.274870 1398 sync_learner.py:148] learner/0: restarted from", True),
         ("E1201 18:31:19.274870 1398 server.py:12] anything at ERROR", True),
         ("ERROR:jax._src.xla_bridge:an error of anyone's", True),
@@ -217,3 +219,53 @@ def test_ray_workers_lines_go_to_the_log_file(tmp_path):
     logged = (tmp_path / console.THIRD_PARTY_LOG).read_text()
     assert re.search(r"\(NodeActor pid=\d+\) \[reverb/cc/.*Started replay server", logged)
     assert "Started a local Ray instance" in logged
+
+
+_RAY_WORKER = textwrap.dedent(
+    """
+    import sys, time
+    import ray
+    from gorila_jax import console
+    from gorila_jax.distributed.launchers import ray as ray_launcher
+
+    console.route_third_party_logs(sys.argv[1])
+    ray.init(address="local", num_cpus=1, include_dashboard=False)
+    ray_launcher._route_worker_logs()
+
+    @ray.remote
+    def node():
+        import logging, os, tempfile
+        from gorila_jax.learning import checkpoint
+
+        logdir = tempfile.mkdtemp()
+        os.makedirs(os.path.join(checkpoint.learner_dir(logdir), "9"))
+        checkpoint.remove_newer(logdir, 1)  # our warning: removing unusable checkpoint
+        logging.getLogger("jax._src.xla_bridge").warning("An NVIDIA GPU may be present")
+        print("[reverb/cc/platform/default/server.cc:71] Started replay server", flush=True)
+
+    ray.get(node.remote())
+    deadline = time.monotonic() + 60  # Ray forwards a worker's lines a moment later
+    while "Started replay server" not in open(console.third_party_log().name).read():
+        assert time.monotonic() < deadline, "the worker's lines never arrived"
+        time.sleep(0.5)
+    ray.shutdown()
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_ray_workers_warning_of_ours_reaches_the_console_and_the_rest_the_file(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-c", _RAY_WORKER, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": REPO},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    shown = result.stdout + result.stderr
+    assert re.search(r"\(node pid=\d+\) WARNING:\w+:removing unusable checkpoint", shown), shown
+    assert "NVIDIA" not in shown and "Started replay server" not in shown, shown
+    logged = (tmp_path / console.THIRD_PARTY_LOG).read_text()
+    assert "An NVIDIA GPU may be present" in logged and "Started replay server" in logged
