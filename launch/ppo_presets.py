@@ -6,6 +6,28 @@ from typing import Any
 from agents import ppo
 
 PPO_PRESETS = ("default", "cartpole", "simple", "medium", "hard", "pendulum", "mujoco")
+_ATARI_CHANGES = (
+    "CleanRL's Atari PPO: Nature torso, 128-step chunks, 4 epochs x 4 minibatches, clip 0.1, "
+    "lr 2.5e-4, 10M env steps, pull every {} actor steps"
+)
+_CONTINUOUS_CHANGES = (
+    "CleanRL's continuous PPO: 64x64 MLP, 256-step chunks, 10 epochs x 8 minibatches, "
+    "lr 3e-4, normalized observations, {} env steps"
+)
+# preset -> (env family, what it changes), for `--list_presets`.
+PPO_PRESET_INFO = {
+    "default": ("any", "PPOConfig() as it is"),
+    "cartpole": (
+        "CartPole",
+        "64x64 MLP, 64-step chunks, batch of 8 chunks, 4 epochs x 8 minibatches, lr 1e-3, "
+        "2 actors, 200k env steps",
+    ),
+    "simple": ("Atari (Pong)", _ATARI_CHANGES.format(10)),
+    "medium": ("Atari (Breakout)", _ATARI_CHANGES.format(5)),
+    "hard": ("Atari (Montezuma's Revenge)", _ATARI_CHANGES.format(1)),
+    "pendulum": ("Pendulum", _CONTINUOUS_CHANGES.format("500k")),
+    "mujoco": ("MuJoCo", _CONTINUOUS_CHANGES.format("1M")),
+}
 
 # The brief's parameter-pull interval by Atari difficulty (DESIGN.md section 4).
 # PPO's batch is counted in trajectory chunks, not transitions, so it keeps its

@@ -15,7 +15,7 @@ explicit flags (`--num_actors`, `--config.batch_size`, ...) win over it.
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
@@ -25,6 +25,22 @@ from gorila_jax.learning import checkpoint
 from launch import ppo_presets, sac_presets
 
 DQN_PRESETS = ("default", "cartpole", "simple", "medium", "hard")
+# preset -> (env family, what it changes), for `--list_presets`.
+DQN_PRESET_INFO = {
+    "default": ("Atari", "DQNConfig() as it is: the brief's Atari values"),
+    "cartpole": (
+        "CartPole",
+        "256x256 MLP with LayerNorm, discount 0.995, lr 1e-3 decayed to 0, batch 64, "
+        "replay ratio 8, target copy every 50 updates, 120k env steps "
+        "(Gorila mode: Adam b1 0)",
+    ),
+    "simple": ("Atari (Pong)", "batch 256, pull every 10 actor steps, 16 envs/actor, 10M steps"),
+    "medium": ("Atari (Breakout)", "batch 512, pull every 5 actor steps, 16 envs/actor, 10M steps"),
+    "hard": (
+        "Atari (Montezuma's Revenge)",
+        "batch 1024, pull every actor step, 16 envs/actor, 10M env steps",
+    ),
+}
 
 # The brief's per-environment table (DESIGN.md section 4): how often actors
 # pull parameters and how large a batch the learner takes, by difficulty.
@@ -33,7 +49,8 @@ _ATARI_PRESETS = {
     "medium": {"param_pull_interval": 5, "batch_size": 512},  # Breakout
     "hard": {"param_pull_interval": 1, "batch_size": 1024},  # Montezuma's Revenge
 }
-_AUTO = {
+# What `--preset=auto` picks, by the env id's name before the version.
+AUTO = {
     "CartPole": "cartpole",
     "Pendulum": "pendulum",  # PPO and SAC have one; DQN cannot act in continuous envs
     "Pong": "simple",
@@ -46,7 +63,7 @@ def resolve(name: str, env_id: str) -> str:
     """`auto` picks the preset made for the env, else the brief's defaults."""
     if name != "auto":
         return name
-    return _AUTO.get(env_id.split("-")[0], "default")
+    return AUTO.get(env_id.split("-")[0], "default")
 
 
 def _cartpole() -> tuple[dqn.DQNConfig, dict[str, Any]]:
@@ -155,6 +172,7 @@ class Agent:
       preset: preset name (not auto) -> (config, experiment settings).
       preset_names: the names `preset` takes.
       gorila_preset: `preset` as Gorila mode needs it; None: `preset` there too.
+      preset_info: preset name -> (env family, what it changes), for `--list_presets`.
     """
 
     builder: type
@@ -162,12 +180,27 @@ class Agent:
     preset: Preset
     preset_names: tuple[str, ...]
     gorila_preset: Preset | None = None
+    preset_info: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 AGENTS = {
-    "dqn": Agent(dqn.DQNBuilder, dqn.DQNConfig, dqn_preset, DQN_PRESETS, dqn_gorila_preset),
-    "ppo": Agent(ppo.PPOBuilder, ppo.PPOConfig, ppo_presets.ppo_preset, ppo_presets.PPO_PRESETS),
-    "sac": Agent(sac.SACBuilder, sac.SACConfig, sac_presets.sac_preset, sac_presets.SAC_PRESETS),
+    "dqn": Agent(
+        dqn.DQNBuilder, dqn.DQNConfig, dqn_preset, DQN_PRESETS, dqn_gorila_preset, DQN_PRESET_INFO
+    ),
+    "ppo": Agent(
+        ppo.PPOBuilder,
+        ppo.PPOConfig,
+        ppo_presets.ppo_preset,
+        ppo_presets.PPO_PRESETS,
+        preset_info=ppo_presets.PPO_PRESET_INFO,
+    ),
+    "sac": Agent(
+        sac.SACBuilder,
+        sac.SACConfig,
+        sac_presets.sac_preset,
+        sac_presets.SAC_PRESETS,
+        preset_info=sac_presets.SAC_PRESET_INFO,
+    ),
 }
 # Every name --preset takes, for some agent.
 NAMES = ("auto", *dict.fromkeys(name for agent in AGENTS.values() for name in agent.preset_names))

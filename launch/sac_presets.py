@@ -6,6 +6,16 @@ from typing import Any
 from agents import sac
 
 SAC_PRESETS = ("default", "mujoco", "pendulum")
+# preset -> (env family, what it changes), for `--list_presets`.
+SAC_PRESET_INFO = {
+    "default": ("MuJoCo", "SACConfig() as it is: Haarnoja et al.'s MuJoCo settings"),
+    "mujoco": ("MuJoCo", "SACConfig() with the paper's budget of 1M env steps"),
+    "pendulum": (
+        "Pendulum",
+        "64x64 networks, lr 1e-3, batch 128, one update per env step, 1 actor x 4 envs, "
+        "12k env steps",
+    ),
+}
 
 
 def _pendulum() -> tuple[sac.SACConfig, dict[str, Any]]:

@@ -7,6 +7,11 @@ Examples:
   python -m launch.train --ray_address=HEAD_IP:6379  # join an existing Ray cluster
   python -m launch.train --ray_address=HEAD_IP:6379 --num_learner_hosts=2  # 2 learner hosts
   python -m launch.train --learner_mode=gorila --num_learners=2 --num_ps_shards=2
+  python -m launch.train --list_presets         # or --list_envs: what --preset and --env take
+
+The console shows the run's progress (a live bar on a terminal) and its own
+warnings; other libraries' log lines go to <logdir>/third_party.log unless
+--verbose.
 
 Order of precedence for every setting: explicit flag > preset > default.
 """
@@ -15,12 +20,15 @@ import argparse
 import dataclasses
 import difflib
 import sys
+import textwrap
 import typing
 
+import envpool
+import envpool.registration
 from absl import app, flags
 from ml_collections import config_flags
 
-from gorila_jax import config_checks, envs
+from gorila_jax import config_checks, console, envs, types
 from gorila_jax.gorila import mode
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
@@ -38,6 +46,20 @@ _PRECISION = flags.DEFINE_enum(
     None,
     ["fp32", "bf16", "fp16"],
     "Learner compute precision (parameters stay float32); sets --config.precision.",
+)
+_VERBOSE = flags.DEFINE_bool(
+    "verbose",
+    False,
+    "Show other libraries' log lines (Reverb, XLA, TensorFlow, Ray) on the console instead "
+    f"of in <logdir>/{console.THIRD_PARTY_LOG}.",
+)
+_LIST_PRESETS = flags.DEFINE_bool(
+    "list_presets", False, "Print every --preset of every agent, one line each, and exit."
+)
+_LIST_ENVS = flags.DEFINE_bool(
+    "list_envs",
+    False,
+    "Print envpool's task ids by family with the agents that can act there, and exit.",
 )
 
 
@@ -144,15 +166,91 @@ def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
         mode.check_agent(builder, spec)
 
 
+def preset_lines() -> list[str]:
+    """One line per preset of every agent: agent, preset, env family, what it changes."""
+    rows = [("agent", "preset", "env family", "what it changes")]
+    for agent_name, agent in presets.AGENTS.items():
+        for preset in agent.preset_names:
+            family, change = agent.preset_info.get(preset, ("?", "(not described)"))
+            rows.append((agent_name, preset, family, change))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3]
+        for row in rows
+    ]
+    by_env = ", ".join(f"{prefix} -> {name}" for prefix, name in presets.AUTO.items())
+    return [*lines, f"auto (the default) picks by --env: {by_env}; other envs -> default"]
+
+
+def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
+    """The agents a run accepts on `spec` with `--preset=auto`: a preset for the env and a
+    builder that takes its observations and actions.
+
+    Whether a builder accepts an env depends on its preset and the shapes and
+    kinds of observations and actions, so envs alike in these share one check.
+    """
+    preset = presets.resolve("auto", spec.env_id)
+    key = (preset, spec.observation_shape, spec.observation_dtype, spec.discrete, spec.action_shape)
+    if key not in cache:
+        accepted = []
+        for name, agent in presets.AGENTS.items():
+            try:
+                config, _ = presets.load("auto", name, spec.env_id, set())
+                agent.builder(config).validate(1, spec)
+            except ValueError:  # no preset for the env, or the builder rejects it
+                continue
+            accepted.append(name)
+        cache[key] = tuple(accepted)
+    return cache[key]
+
+
+def env_lines() -> list[str]:
+    """envpool's task ids by family and action kind, each group under a line naming the
+    agents that can act there."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    cache: dict = {}
+    for env_id in envpool.list_all_envs():
+        family = envpool.registration.registry.specs[env_id][0].removeprefix("envpool.")
+        try:
+            spec = envs.env_spec(env_id)
+        except (ImportError, RuntimeError, TypeError) as error:
+            # Procgen needs Qt, which this host may lack; a few envs have no Box or
+            # Discrete observation space to read a spec from.
+            reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            header = f"no agent: the spec does not load ({reason})"
+        else:
+            agents = ", ".join(_agents_that_act(spec, cache)) or "no agent"
+            kind = "discrete" if spec.discrete else "continuous"
+            header = f"{kind} actions: {agents}"
+        groups.setdefault((family, header), []).append(env_id)
+    lines = []
+    for (family, header), ids in sorted(groups.items()):
+        lines.append(f"{family} | {header}")
+        indent = {"initial_indent": "    ", "subsequent_indent": "    "}
+        # Env ids have hyphens (CartPole-v1), which textwrap breaks at by default.
+        wrapped = textwrap.wrap(" ".join(ids), 96, break_on_hyphens=False, **indent)
+        lines.extend(wrapped)
+    return lines
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
+    if _LIST_PRESETS.value or _LIST_ENVS.value:
+        lines = (preset_lines() if _LIST_PRESETS.value else []) + (
+            env_lines() if _LIST_ENVS.value else []
+        )
+        print("\n".join(lines), flush=True)
+        return
     try:
         config, exp_config = make_configs()
         builder = presets.AGENTS[_AGENT.value].builder(config)
         check_configs(builder, exp_config)
     except ValueError as error:
         sys.exit(f"error: {error}")
+    if not _VERBOSE.value:
+        path = console.route_third_party_logs(exp_config.logdir)
+        print(f"gorila-jax: third-party logs go to {path} (--verbose shows them)", flush=True)
     try:
         summary = experiment.run_experiment(builder, exp_config)
     except KeyboardInterrupt:

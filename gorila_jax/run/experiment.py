@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, metrics, types
+from gorila_jax import console, envs, metrics, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
@@ -127,27 +127,29 @@ def _drive(
     previous = logger.last_row or {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
     reason = None
     try:
-        while reason is None:
-            time.sleep(min(0.25, cfg.log_interval_s))
-            for line in supervisor.check():
-                print(line, flush=True)
-            elapsed = time.monotonic() - start
-            snapshot = monitor_client.snapshot()
-            for line in scaler.poll(snapshot, monitor_client.node_counters):
-                print(line, flush=True)
-            reason = _done(cfg, snapshot, elapsed)
-            if reason or elapsed - previous["wall_time_s"] >= cfg.log_interval_s:
-                _write_node_status(
-                    cfg.logdir,
-                    monitor_client.node_status(),
-                    supervisor.restarts,
-                    running.process_ids(),
-                    _removed_counters(running, monitor_client),
-                )
-                row = {**_row(snapshot, previous, elapsed), **scaler.row_fields()}
-                logger.write(row)
-                print(metrics.progress_line(row) + mode.progress_suffix(row), flush=True)
-                previous = row
+        with console.progress_reporter(cfg.total_env_steps) as progress:
+            while reason is None:
+                time.sleep(min(0.25, cfg.log_interval_s))
+                for line in supervisor.check():
+                    progress.message(line)
+                elapsed = time.monotonic() - start
+                snapshot = monitor_client.snapshot()
+                for line in scaler.poll(snapshot, monitor_client.node_counters):
+                    progress.message(line)
+                progress.poll(snapshot)
+                reason = _done(cfg, snapshot, elapsed)
+                if reason or elapsed - previous["wall_time_s"] >= cfg.log_interval_s:
+                    _write_node_status(
+                        cfg.logdir,
+                        monitor_client.node_status(),
+                        supervisor.restarts,
+                        running.process_ids(),
+                        _removed_counters(running, monitor_client),
+                    )
+                    row = {**_row(snapshot, previous, elapsed), **scaler.row_fields()}
+                    logger.write(row)
+                    progress.row(row, mode.progress_suffix(row))
+                    previous = row
     except KeyboardInterrupt:
         return "interrupted"
     return reason

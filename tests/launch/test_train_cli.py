@@ -159,3 +159,57 @@ def test_the_settings_groups_are_the_subsystems():
     groups = {field.metadata["group"] for field in SETTINGS}
     subsystems = {"actors", "replay", "learner", "gorila", "faults", "checkpoints"}
     assert subsystems | {"multi-host", "elastic", "balance", "run"} == groups
+
+
+@pytest.mark.parametrize(
+    "argv, close",
+    [
+        (["--config.batch_sise=64"], "batch_size"),
+        (["--agent=ppo", "--config.clip_epsilom=0.1"], "clip_epsilon"),
+    ],
+)
+def test_an_unknown_config_field_names_its_close_matches(argv, close):
+    with pytest.raises(SystemExit) as exit_info:
+        train._define_config_flag(["train", *argv])
+    message = str(exit_info.value.code)
+    assert message.startswith("error: ") and f"did you mean {close}" in message
+
+
+def test_list_presets_prints_every_preset_of_every_agent_and_exits_0(tmp_path):
+    result = _train(str(tmp_path), "--list_presets")
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {tuple(line.split()[:2]) for line in result.stdout.splitlines()}
+    for name, agent in presets.AGENTS.items():
+        for preset in agent.preset_names:
+            assert (name, preset) in rows
+            family, change = agent.preset_info[preset]
+            assert family in result.stdout and change in result.stdout
+    assert "auto (the default) picks by --env: CartPole -> cartpole" in result.stdout
+    assert not os.listdir(tmp_path), "listing started a run"
+
+
+@pytest.fixture(scope="module")
+def env_groups():
+    """`--list_envs`'s output as {header line: env ids listed under it}."""
+    groups, header = {}, None
+    for line in train.env_lines():
+        if line.startswith("    "):
+            groups[header] += line.split()
+        else:
+            header = line
+            groups[header] = []
+    return groups
+
+
+def _header_of(groups, env_id):
+    (header,) = [header for header, ids in groups.items() if env_id in ids]
+    return header
+
+
+def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
+    assert _header_of(env_groups, "CartPole-v1") == "classic_control | discrete actions: dqn, ppo"
+    assert _header_of(env_groups, "Pendulum-v1") == "classic_control | continuous actions: ppo, sac"
+    assert _header_of(env_groups, "Pong-v5") == "atari | discrete actions: dqn, ppo"
+    assert "dqn" not in _header_of(env_groups, "HalfCheetah-v4")
+    listed = [env_id for ids in env_groups.values() for env_id in ids]
+    assert sorted(listed) == sorted(train.envpool.list_all_envs())

@@ -15,13 +15,16 @@ import logging
 import os
 import pathlib
 import socket
+import sys
 import time
 import uuid
 from typing import Any
 
 import ray
 import ray.exceptions
+from ray._private import ray_logging
 
+from gorila_jax import console
 from gorila_jax.distributed import placement as placement_lib
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.distributed.launchers import base, ray_nodes
@@ -317,6 +320,8 @@ def launch(
     else:
         _connect(address)
         owns_cluster = True  # our connection only; the cluster itself keeps running
+    if owns_cluster:
+        _route_worker_logs()
     try:
         reserved = placement_lib.reserve(program, timeout_s=placement_timeout_s)
         try:
@@ -328,6 +333,33 @@ def launch(
         if owns_cluster:
             ray.shutdown()
         raise
+
+
+def _route_worker_logs() -> None:
+    """Under a quiet console (`console.route_third_party_logs`), the lines Ray forwards
+    from worker processes go to the third-party log, and those that matter (our
+    warnings, anyone's errors) to the console too.
+
+    Ray has no public hook for this: its driver prints forwarded lines through the
+    "ray_print_logs" handler of its stream dispatcher (Ray 2.60), replaced here.
+    """
+    log = console.third_party_log()
+    if log is None:
+        return
+
+    def forward(data: dict[str, Any]) -> None:
+        if data.get("pid") == "autoscaler":
+            return  # its cluster status every few seconds, which Ray itself does not print
+        source = data.get("actor_name") or data.get("task_name") or "worker"
+        prefix = f"({source} pid={data.get('pid')}) "
+        for line in data.get("lines", ()):
+            log.write(prefix + line + "\n")
+            if console.worker_line_matters(line):
+                print(prefix + line, file=sys.stderr, flush=True)
+
+    dispatcher = ray_logging.global_worker_stdstream_dispatcher
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.add_handler("ray_print_logs", forward)
 
 
 def _pythonpath() -> str:
