@@ -98,6 +98,13 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
     spec = envpool.make_spec(env_id, **env_kwargs)
     obs_space, act_space = spec.observation_space, spec.action_space
     discrete = hasattr(act_space, "n")
+    for kind, space in (("observation", obs_space), ("action", act_space)):
+        if space.shape is None:  # gymnasium's Dict and Tuple spaces have no shape
+            # dm_control, MiniGrid, Jumanji and others observe a dict of arrays.
+            raise ValueError(
+                f"{env_id}: its {kind} space is a {type(space).__name__}; agents here act "
+                "on one Box or Discrete array (python -m launch.train --list_envs lists them)"
+            )
     return types.EnvSpec(
         env_id=env_id,
         observation_shape=tuple(obs_space.shape),

@@ -32,7 +32,7 @@ class MetricsLogger:
         self._columns: list[str] = []
         purge_step = None
         if resume_env_steps is not None:
-            self._rows, self._columns = _read_csv(self._csv_path, resume_env_steps)
+            self._rows, self._columns = read_csv(self._csv_path, resume_env_steps)
             self._rewrite_csv()
             purge_step = resume_env_steps + 1
         self._tensorboard = tensorboardX.SummaryWriter(logdir, purge_step=purge_step)
@@ -68,14 +68,18 @@ class MetricsLogger:
         self._tensorboard.close()
 
 
-def _read_csv(path: str, max_env_steps: int) -> tuple[list[dict[str, Any]], list[str]]:
-    """Rows of an earlier metrics.csv up to `max_env_steps`, numbers parsed, and its columns."""
+def read_csv(path: str, max_env_steps: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows of a metrics.csv up to `max_env_steps`, numbers parsed, and its columns."""
     if not os.path.exists(path):
         return [], []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         # An empty cell is a column that did not exist yet when the row was written.
-        rows = [{k: _number(v) for k, v in row.items() if v != ""} for row in reader]
+        # A row cut short (a crash mid-write) lacks its last cells: None, like empty ones.
+        rows = [
+            {k: _number(v) for k, v in row.items() if k is not None and v not in ("", None)}
+            for row in reader
+        ]
         columns = list(reader.fieldnames or [])
     return [row for row in rows if row.get("env_steps", 0) <= max_env_steps], columns
 

@@ -94,7 +94,7 @@ def read_run(logdir: str) -> Run:
     if not os.path.isfile(csv_path):
         raise FileNotFoundError(f"{logdir} is not a run's logdir: it has no metrics.csv")
     try:
-        rows, columns = metrics._read_csv(csv_path, math.inf)
+        rows, columns = metrics.read_csv(csv_path, math.inf)
     except (csv.Error, UnicodeDecodeError, TypeError) as error:
         raise ValueError(f"cannot read {csv_path}: {error}") from None
     for needed in X_AXES:

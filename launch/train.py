@@ -213,7 +213,7 @@ def env_lines() -> list[str]:
         family = envpool.registration.registry.specs[env_id][0].removeprefix("envpool.")
         try:
             spec = envs.env_spec(env_id)
-        except (ImportError, RuntimeError, TypeError) as error:
+        except (ImportError, RuntimeError, ValueError) as error:
             # Procgen needs Qt, which this host may lack; a few envs have no Box or
             # Discrete observation space to read a spec from.
             reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"

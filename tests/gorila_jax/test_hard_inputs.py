@@ -18,7 +18,7 @@ import reverb
 import tensorflow as tf
 
 from agents import dqn
-from gorila_jax import replay
+from gorila_jax import envs, replay
 from gorila_jax.learning import checkpoint, prefetch
 from gorila_jax.run import experiment
 
@@ -239,3 +239,10 @@ def test_a_free_replay_port_is_used_and_a_bad_one_is_refused_before_the_run():
         node.close()
     with pytest.raises(ValueError, match="replay_port must be in 0..65535, got 70000"):
         experiment.ExperimentConfig(replay_port=70_000).validate()
+
+
+def test_an_env_that_observes_a_dict_is_refused_by_name_before_any_node_starts():
+    # dm_control's tasks observe a dict of arrays; the spec used to fail deep in
+    # tuple(None) with a TypeError and a traceback.
+    with pytest.raises(ValueError, match="CheetahRun-v1: its observation space is a Dict"):
+        envs.env_spec("CheetahRun-v1")
