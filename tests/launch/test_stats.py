@@ -32,6 +32,7 @@ def test_intervals_are_reproducible_from_the_seed_and_differ_across_seeds():
     assert stats.interval_estimates(RETURNS, reps=200, seed=4) != first
 
 
+@pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")
 def test_intervals_are_rliables_and_leave_numpys_global_generator_as_it_was():
     np.random.seed(123)
     expected_next = np.random.RandomState(123).random_sample()

@@ -60,6 +60,7 @@ def finished_sweep(tmp_path_factory):
     return sweep_dir, first, second, summaries
 
 
+@pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")
 def test_sweep_statistics_equal_rliable_on_the_runs_final_returns(finished_sweep):
     sweep_dir, first, _, _ = finished_sweep
     with open(os.path.join(sweep_dir, "sweep.json")) as f:
