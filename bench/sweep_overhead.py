@@ -8,8 +8,9 @@ and reads each run's process start and wall time back from sweep.json.
   the flag check before the first run, skipping, statistics, writing).
 - ray: the concurrency achieved, the runs' summed process wall time over the
   span from the first start to the last end (the mean number running at
-  once), against the most the cluster's CPUs allow (`concurrency` in
-  sweep.json: cluster CPUs // the CPUs one run declares).
+  once), against the most possible: the runs' count or what the cluster's
+  CPUs allow (`concurrency` in sweep.json: cluster CPUs // the CPUs one run
+  declares), whichever is smaller.
 
 Last line: JSON.
 
@@ -82,7 +83,7 @@ def sweep_once(launcher: str) -> dict:
         "overhead_s": sweep_s - span_s,
         "sweep_over_sum_of_runs": sweep_s / process_s,
         "mean_runs_at_once": process_s / span_s,
-        "max_runs_at_once": record["concurrency"],
+        "max_runs_at_once": min(record["concurrency"], len(runs)),
     }
 
 

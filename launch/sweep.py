@@ -195,12 +195,8 @@ def execute(run: Run, launcher: str, ray_address: str | None, threshold: float |
     with open(console, "a") as log:
         log.write(f"# launch.sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(command)}\n")
         log.flush()
-        process = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            run.returncode = process.wait()
-        except KeyboardInterrupt:
-            # Ctrl-C reached the run too: let it write its checkpoint.
-            run.returncode = process.wait()
+        # Ctrl-C reaches the run too (same process group): it checkpoints and exits 130.
+        run.returncode = subprocess.call(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     run.process_wall_s = time.time() - run.process_start_unix
     summary = finished_summary(run.logdir)
     if run.returncode == 0 and summary is not None:
@@ -436,7 +432,7 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
             raise SweepError(
                 f"a run declares {run_cpus:g} CPUs but the Ray cluster has {cluster_cpus:g}"
             )
-        concurrency = max(1, int(cluster_cpus // run_cpus))
+        concurrency = max(1, int(cluster_cpus // run_cpus)) if run_cpus else len(pending)
         if args.max_concurrent:
             concurrency = min(concurrency, args.max_concurrent)
         print(

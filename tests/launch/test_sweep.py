@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -145,3 +146,53 @@ def test_grid_points_are_the_product_of_the_values_with_readable_names():
     ]
     assert sweep.groups(grid)[1][1] == ["--config.learning_rate=1e-3", "--num_actors=4"]
     assert sweep.groups([]) == [("base", [])]
+
+
+@pytest.mark.slow
+def test_a_failed_run_is_reported_and_the_sweep_goes_on_then_exits_non_zero(tmp_path):
+    # A replay port another process holds passes every check and fails at launch.
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = _sweep(tmp_path, "--seeds=1", f"--grid=replay_port={port},0")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"[replay_port={port} seed=0] failed with exit code 1" in result.stdout
+    assert "already in use" in result.stdout  # the last lines of the run's console.log
+    assert "[replay_port=0 seed=0] finished" in result.stdout
+    with open(tmp_path / "sweep.json") as f:
+        record = json.load(f)
+    assert {run["group"]: run["status"] for run in record["runs"]} == {
+        f"replay_port={port}": "failed",
+        "replay_port=0": "finished",
+    }
+    assert record["groups"][f"replay_port={port}"]["final_return"] is None
+    assert record["groups"]["replay_port=0"]["num_finished"] == 1
+
+
+@pytest.mark.slow
+def test_under_ray_runs_share_one_cluster_at_the_same_time(tmp_path):
+    shares = ["--cpus_per_actor=0.5", "--learner_cpus=0.5", "--replay_cpus=0.5"]
+    result = _sweep(
+        tmp_path,
+        "--seeds=1",
+        *GRID,
+        "--launcher=ray",
+        "--ray_num_cpus=8",
+        train_flags=[*TINY_RUN, *shares],
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(tmp_path / "sweep.json") as f:
+        record = json.load(f)
+    assert record["concurrency"] >= 2
+    runs = record["runs"]
+    assert {run["status"] for run in runs} == {"finished"}
+    addresses = set()
+    for run in runs:
+        with open(os.path.join(run["logdir"], "summary.json")) as f:
+            experiment = json.load(f)["experiment"]
+        assert experiment["launcher"] == "ray"
+        addresses.add(experiment["ray_address"])
+    assert len(addresses) == 1 and None not in addresses  # both joined the sweep's cluster
+    first, second = sorted(runs, key=lambda run: run["process_start_unix"])
+    assert second["process_start_unix"] < first["process_start_unix"] + first["process_wall_s"]
