@@ -235,7 +235,7 @@ def _estimate_cells(estimates: dict[str, Any] | None, digits: int) -> list[str]:
     ]
 
 
-def group_table(name: str, group: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def group_table(group: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """A group's statistics as a header and rows: one row per quantity."""
     header = ["", *(f"{aggregate} [95% CI]" for aggregate in stats.AGGREGATES)]
     rows = [["final greedy return", *_estimate_cells(group["final_return"], 1)]]
@@ -266,7 +266,7 @@ def _group_title(name: str, group: dict[str, Any]) -> str:
 def print_tables(group_stats: dict[str, dict[str, Any]], out=sys.stdout) -> None:
     """One table per group: a rich table on a terminal, plain columns otherwise."""
     for name, group in group_stats.items():
-        header, rows = group_table(name, group)
+        header, rows = group_table(group)
         if out.isatty():
             import rich.console
             import rich.table

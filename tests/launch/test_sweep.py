@@ -2,9 +2,11 @@
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -196,3 +198,39 @@ def test_under_ray_runs_share_one_cluster_at_the_same_time(tmp_path):
     assert len(addresses) == 1 and None not in addresses  # both joined the sweep's cluster
     first, second = sorted(runs, key=lambda run: run["process_start_unix"])
     assert second["process_start_unix"] < first["process_start_unix"] + first["process_wall_s"]
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_ctrl_c_resumes_its_run_from_the_checkpoint(tmp_path):
+    train_flags = [
+        *[flag for flag in TINY_RUN if not flag.startswith(("--total_env_steps", "--checkpoint"))],
+        "--total_env_steps=12000",
+        "--checkpoint_interval_steps=50",
+    ]
+    command = [sys.executable, "-m", "launch.sweep", f"--sweep_dir={tmp_path}", "--seeds=1"]
+    command += ["--", *train_flags]
+    logdir = tmp_path / "base" / "seed=0"
+    # Ctrl-C on a terminal signals the whole process group: the sweep and its run.
+    first = subprocess.Popen(command, cwd=REPO, start_new_session=True, stdout=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while not (logdir / "checkpoints" / "learner").is_dir() or not any(
+        name.isdigit() for name in os.listdir(logdir / "checkpoints" / "learner")
+    ):
+        assert first.poll() is None and time.monotonic() < deadline, "no checkpoint came"
+        time.sleep(0.5)
+    os.killpg(first.pid, signal.SIGINT)
+    first_out = first.communicate(timeout=600)[0].decode()
+    assert first.returncode == 130, first_out[-3000:]
+    assert "[base seed=0] interrupted" in first_out
+    with open(logdir / "summary.json") as f:
+        assert json.load(f)["stop_reason"] == "interrupted"
+
+    second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "[base seed=0] finished" in second.stdout
+    with open(logdir / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["resumed_from_learner_step"] is not None
+    assert summary["env_steps"] >= 12000
+    with open(tmp_path / "sweep.json") as f:
+        assert json.load(f)["runs"][0]["final_return"] == summary["final_eval_return"]
