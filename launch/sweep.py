@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from gorila_jax import plots
 from launch import stats
 
 # Flags the sweep sets for every run itself.
@@ -300,6 +301,16 @@ def _csv_row(run: Run, grid_point: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def _write_figure(sweep_dir: str, runs: Sequence[Run], threshold: float | None) -> None:
+    """sweep.png: each group's final greedy returns (the groups with any)."""
+    finals: dict[str, list[float]] = {}
+    for run in runs:
+        if run.final_return is not None:
+            finals.setdefault(run.group, []).append(run.final_return)
+    if finals:
+        plots.write_sweep_figure(finals, os.path.join(sweep_dir, "sweep.png"), threshold)
+
+
 def write_results(
     sweep_dir: str,
     record: dict[str, Any],
@@ -476,10 +487,12 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
         "groups": group_stats,
     }
     write_results(args.sweep_dir, record, runs, points)
+    _write_figure(args.sweep_dir, runs, args.threshold)
     print_tables(group_stats)
     failed = [run for run in runs if run.status not in ("finished", "skipped")]
     print(
-        f"sweep: results in {os.path.join(args.sweep_dir, 'sweep.json')} and sweep.csv; "
+        f"sweep: results in {os.path.join(args.sweep_dir, 'sweep.json')}, sweep.csv and "
+        "sweep.png; "
         f"{len(failed)} of {len(runs)} runs did not finish",
         flush=True,
     )

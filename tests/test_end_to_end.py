@@ -10,9 +10,10 @@ import json
 import os
 
 import pytest
+from matplotlib import image
 
 from agents import dqn
-from gorila_jax import envs
+from gorila_jax import envs, plots
 from gorila_jax.gorila import parameter_server
 from gorila_jax.run import experiment
 from launch import presets
@@ -76,13 +77,17 @@ def _assert_q_within_the_largest_return(rows, discount: float) -> None:
 
 
 def _assert_run_files(logdir, summary) -> None:
-    """What a user gets on disk: the summary, one CSV row per log interval, TensorBoard events."""
+    """What a user gets on disk: the summary, one CSV row per log interval, TensorBoard
+    events, and a picture of the run whose greedy curve ends at the final evaluation."""
     on_disk = json.loads((logdir / "summary.json").read_text())
     for key in ("learner_steps", "wall_time_s", "env_steps_per_s", "final_eval_return"):
         assert on_disk[key] == summary[key]
     rows = list(csv.DictReader(open(logdir / "metrics.csv")))
     assert len(rows) >= 3 and float(rows[-1]["learner_steps"]) > 0
     assert glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    assert image.imread(logdir / "curves.png").ndim == 3
+    _, greedy = plots.series(plots.read_run(str(logdir)), "eval_return", "env_steps")
+    assert greedy[-1] == summary["final_eval_return"]
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import math
 import os
 import signal
@@ -17,7 +18,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import console, envs, metrics, types
+from gorila_jax import console, envs, metrics, plots, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
@@ -312,6 +313,14 @@ def _final_evaluation(
     }
 
 
+def _write_curves(logdir: str) -> None:
+    """curves.png of the run; a figure that cannot be drawn never costs the run's results."""
+    try:
+        plots.write_run_curves(logdir)
+    except Exception:  # noqa: BLE001  the summary and checkpoints are already written
+        logging.warning("curves.png not written into %s", logdir, exc_info=True)
+
+
 def run_experiment(
     builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, **launcher_options: Any
 ) -> dict[str, Any]:
@@ -367,6 +376,7 @@ def run_experiment(
     }
     with open(os.path.join(cfg.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    _write_curves(cfg.logdir)
     if reason == "interrupted":
         print("interrupted: final evaluation skipped; --resume continues the run", flush=True)
         raise KeyboardInterrupt

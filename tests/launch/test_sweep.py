@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from matplotlib import image
 from rliable import library, metrics
 
 from launch import stats, sweep
@@ -101,6 +102,10 @@ def test_sweep_statistics_equal_rliable_on_the_runs_final_returns(finished_sweep
         )
     with open(os.path.join(sweep_dir, "sweep.csv")) as f:
         assert len(f.read().strip().splitlines()) == 1 + 4
+    # The sweep's picture, and each run's own (written as its training ended).
+    assert image.imread(os.path.join(sweep_dir, "sweep.png")).ndim == 3
+    for run in record["runs"]:
+        assert image.imread(os.path.join(run["logdir"], "curves.png")).ndim == 3
 
 
 def test_rerunning_the_same_command_skips_every_finished_run(finished_sweep):
