@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from agents import dqn, ppo, sac
+from agents import dqn, ppo, qrdqn, sac
 from gorila_jax.learning import checkpoint
-from launch import ppo_presets, sac_presets
+from launch import ppo_presets, qrdqn_presets, sac_presets
 
 DQN_PRESETS = ("default", "cartpole", "simple", "medium", "hard")
 
@@ -168,6 +168,13 @@ AGENTS = {
     "dqn": Agent(dqn.DQNBuilder, dqn.DQNConfig, dqn_preset, DQN_PRESETS, dqn_gorila_preset),
     "ppo": Agent(ppo.PPOBuilder, ppo.PPOConfig, ppo_presets.ppo_preset, ppo_presets.PPO_PRESETS),
     "sac": Agent(sac.SACBuilder, sac.SACConfig, sac_presets.sac_preset, sac_presets.SAC_PRESETS),
+    "qrdqn": Agent(
+        qrdqn.QRDQNBuilder,
+        qrdqn.QRDQNConfig,
+        qrdqn_presets.qrdqn_preset,
+        qrdqn_presets.QRDQN_PRESETS,
+        qrdqn_presets.qrdqn_gorila_preset,
+    ),
 }
 # Every name --preset takes, for some agent.
 NAMES = ("auto", *dict.fromkeys(name for agent in AGENTS.values() for name in agent.preset_names))
