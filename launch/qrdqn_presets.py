@@ -6,6 +6,15 @@ from typing import Any
 from agents import qrdqn
 
 QRDQN_PRESETS = ("default", "cartpole")
+# preset -> (env family, what it changes), for `--list_presets`.
+QRDQN_PRESET_INFO = {
+    "default": ("Atari", "QRDQNConfig() as it is: DQN's Atari values, 51 quantiles"),
+    "cartpole": (
+        "CartPole",
+        "DQN's cartpole preset with 51 quantiles and lr 2e-3, 120k env steps "
+        "(Gorila mode: Adam b1 0)",
+    ),
+}
 
 
 def _cartpole() -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
