@@ -20,9 +20,9 @@ from typing import Any
 
 import yaml
 
-from agents import dqn, ppo, sac
+from agents import dqn, ppo, qrdqn, sac
 from gorila_jax.learning import checkpoint
-from launch import ppo_presets, sac_presets
+from launch import ppo_presets, qrdqn_presets, sac_presets
 
 DQN_PRESETS = ("default", "cartpole", "simple", "medium", "hard")
 # preset -> (env family, what it changes), for `--list_presets`.
@@ -200,6 +200,14 @@ AGENTS = {
         sac_presets.sac_preset,
         sac_presets.SAC_PRESETS,
         preset_info=sac_presets.SAC_PRESET_INFO,
+    ),
+    "qrdqn": Agent(
+        qrdqn.QRDQNBuilder,
+        qrdqn.QRDQNConfig,
+        qrdqn_presets.qrdqn_preset,
+        qrdqn_presets.QRDQN_PRESETS,
+        qrdqn_presets.qrdqn_gorila_preset,
+        qrdqn_presets.QRDQN_PRESET_INFO,
     ),
 }
 # Every name --preset takes, for some agent.
