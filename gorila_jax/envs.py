@@ -96,7 +96,10 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
     check_env_id(env_id)
     _quiet_box_warnings()
     spec = envpool.make_spec(env_id, **env_kwargs)
-    obs_space, act_space = spec.observation_space, spec.action_space
+    try:
+        obs_space, act_space = spec.observation_space, spec.action_space
+    except TypeError as error:  # envpool 0.8 fails on some dm_control specs (FingerSpin)
+        raise ValueError(f"{env_id}: envpool cannot describe its spaces ({error})") from None
     discrete = hasattr(act_space, "n")
     for kind, space in (("observation", obs_space), ("action", act_space)):
         if space.shape is None:  # gymnasium's Dict and Tuple spaces have no shape

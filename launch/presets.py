@@ -59,11 +59,17 @@ AUTO = {
 }
 
 
-def resolve(name: str, env_id: str) -> str:
-    """`auto` picks the preset made for the env, else the brief's defaults."""
+def resolve(name: str, env_id: str, available: tuple[str, ...] | None = None) -> str:
+    """`auto` picks the preset made for the env, else the brief's defaults.
+
+    With the `available` names of an agent, `auto` picks "default" for an env
+    family that agent has no preset of (QR-DQN on Pong: its default is DQN's
+    Atari values); a named preset is always taken as given.
+    """
     if name != "auto":
         return name
-    return AUTO.get(env_id.split("-")[0], "default")
+    picked = AUTO.get(env_id.split("-")[0], "default")
+    return "default" if available is not None and picked not in available else picked
 
 
 def _cartpole() -> tuple[dqn.DQNConfig, dict[str, Any]]:
@@ -235,7 +241,7 @@ def load(
     if learner_mode == "gorila" and entry.gorila_preset is not None:
         preset = entry.gorila_preset
     if not is_file(name):
-        return preset(resolve(name, env_id))
+        return preset(resolve(name, env_id, entry.preset_names))
     if not os.path.exists(name):
         raise ValueError(f"preset file {name!r} does not exist")
     with open(name) as f:
@@ -251,7 +257,7 @@ def load(
     base = content.get("base", "auto")
     if is_file(base):
         raise ValueError(f"preset file {name!r}: base must be a preset name, got {base!r}")
-    config, settings = preset(resolve(base, env_id))
+    config, settings = preset(resolve(base, env_id, entry.preset_names))
     agent_values = content.get("agent") or {}
     known = {field.name: field for field in dataclasses.fields(config)}
     for field, value in agent_values.items():

@@ -216,7 +216,9 @@ def env_lines() -> list[str]:
         except (ImportError, RuntimeError, ValueError) as error:
             # Procgen needs Qt, which this host may lack; a few envs have no Box or
             # Discrete observation space to read a spec from.
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+            # Without the env's own name, envs that fail alike share one group.
+            reason = str(error).splitlines()[0].removeprefix(f"{env_id}: ")
+            reason = f"{type(error).__name__}: {reason}"
             header = f"no agent: the spec does not load ({reason})"
         else:
             agents = ", ".join(_agents_that_act(spec, cache)) or "no agent"

@@ -30,6 +30,13 @@ def test_other_envs_get_the_briefs_defaults_or_their_own_preset():
     assert presets.resolve("hard", "CartPole-v1") == "hard"  # a named preset is taken as given
 
 
+def test_auto_falls_back_to_the_agents_default_where_it_has_no_preset_for_the_env():
+    config, _ = presets.load("auto", "qrdqn", "Pong-v5", EXPERIMENT_FIELDS)
+    assert config == presets.AGENTS["qrdqn"].preset("default")[0]
+    with pytest.raises(ValueError, match="unknown preset 'simple'"):  # asked for by name
+        presets.load("simple", "qrdqn", "Pong-v5", EXPERIMENT_FIELDS)
+
+
 def test_a_preset_file_starts_from_its_base_and_overrides_it(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text(

@@ -207,9 +207,13 @@ def _header_of(groups, env_id):
 
 
 def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
-    assert _header_of(env_groups, "CartPole-v1") == "classic_control | discrete actions: dqn, ppo"
+    assert (
+        _header_of(env_groups, "CartPole-v1")
+        == "classic_control | discrete actions: dqn, ppo, qrdqn"
+    )
     assert _header_of(env_groups, "Pendulum-v1") == "classic_control | continuous actions: ppo, sac"
-    assert _header_of(env_groups, "Pong-v5") == "atari | discrete actions: dqn, ppo"
-    assert "dqn" not in _header_of(env_groups, "HalfCheetah-v4")
+    assert _header_of(env_groups, "Pong-v5") == "atari | discrete actions: dqn, ppo, qrdqn"
+    assert "dqn" not in _header_of(env_groups, "HalfCheetah-v4")  # nor qrdqn
+    assert "no agent" in _header_of(env_groups, "FingerSpin-v1")  # envpool cannot describe it
     listed = [env_id for ids in env_groups.values() for env_id in ids]
     assert sorted(listed) == sorted(train.envpool.list_all_envs())
