@@ -15,20 +15,20 @@ import sys
 
 from absl import app, flags
 
-from gorila_jax import plots
+from gorila_jax import curves, plots
 
 _LOGDIRS = flags.DEFINE_multi_string(
     "logdir", None, "A run's logdir or a sweep folder; repeat for more.", required=True
 )
 _OUT = flags.DEFINE_string("out", "curves.png", "The image to write (.png, .pdf, .svg).")
 _X = flags.DEFINE_enum(
-    "x", "both", [*plots.X_AXES, "both"], "The x axis: env steps, wall-clock seconds or both."
+    "x", "both", [*curves.X_AXES, "both"], "The x axis: env steps, wall-clock seconds or both."
 )
 _PANELS = flags.DEFINE_list(
     "panels", ["return"], f"Rows of the figure, from: {', '.join(plots.PANELS)}."
 )
 _STAT = flags.DEFINE_enum(
-    "stat", "iqm", list(plots.STATS), "The line over seeds: interquartile mean or mean."
+    "stat", "iqm", list(curves.STATS), "The line over seeds: interquartile mean or mean."
 )
 _LABELS = flags.DEFINE_multi_string(
     "label",
@@ -40,7 +40,7 @@ _LABELS = flags.DEFINE_multi_string(
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
-    x_axes = tuple(plots.X_AXES) if _X.value == "both" else (_X.value,)
+    x_axes = tuple(curves.X_AXES) if _X.value == "both" else (_X.value,)
     try:
         plots.plot_logdirs(
             _LOGDIRS.value, _OUT.value, x_axes, _PANELS.value, _STAT.value, _LABELS.value

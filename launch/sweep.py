@@ -16,51 +16,23 @@ their checkpoints. See docs/sweeps.md.
 import argparse
 import concurrent.futures
 import contextlib
-import csv
 import dataclasses
 import io
 import itertools
-import json
-import math
 import os
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from gorila_jax import plots
-from launch import stats
+from launch import stats, sweep_results, sweep_runs
 
 # Flags the sweep sets for every run itself.
 SWEEP_OWNED_FLAGS = ("seed", "logdir", "resume", "launcher", "ray_address")
-CONSOLE_LOG = "console.log"
-TAIL_LINES = 15
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class SweepError(ValueError):
     """A sweep that cannot start as asked; the message names the culprit."""
-
-
-@dataclasses.dataclass
-class Run:
-    """One training run of the sweep and, once it ended, what it left."""
-
-    group: str
-    seed: int
-    logdir: str
-    flags: list[str]
-    status: str = "pending"
-    returncode: int | None = None
-    final_return: float | None = None
-    wall_time_s: float | None = None
-    env_steps: int | None = None
-    threshold: dict[str, Any] | None = None
-    process_start_unix: float | None = None
-    process_wall_s: float | None = None
-    console_tail: list[str] = dataclasses.field(default_factory=list)
 
 
 def parse_grid(specs: Sequence[str]) -> list[tuple[str, list[str]]]:
@@ -157,58 +129,6 @@ def declared_cpus(flags: Sequence[str]) -> float:
     return sum(program.resources(node.group).num_cpus for node in program.nodes)
 
 
-def finished_summary(logdir: str) -> dict[str, Any] | None:
-    """The summary of a run that ended (not interrupted) in `logdir`, or None."""
-    path = os.path.join(logdir, "summary.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        summary = json.load(f)
-    return summary if summary.get("stop_reason") != "interrupted" else None
-
-
-def _read_result(run: Run, summary: dict[str, Any], threshold: float | None) -> None:
-    run.final_return = summary["final_eval_return"]
-    run.wall_time_s = summary.get("wall_time_s")
-    run.env_steps = summary.get("env_steps")
-    if threshold is not None:
-        run.threshold = stats.first_crossing(run.logdir, summary, threshold)
-
-
-def _tail(path: str) -> list[str]:
-    with open(path, errors="replace") as f:
-        return [line.rstrip("\n") for line in f.readlines()[-TAIL_LINES:]]
-
-
-def execute(run: Run, launcher: str, ray_address: str | None, threshold: float | None) -> Run:
-    """Runs `run` as a `python -m launch.train` process, resuming it if it has a checkpoint."""
-    from gorila_jax.learning import checkpoint
-
-    command = [sys.executable, "-m", "launch.train", *run.flags, f"--seed={run.seed}"]
-    command += [f"--logdir={run.logdir}", f"--launcher={launcher}"]
-    if ray_address:
-        command.append(f"--ray_address={ray_address}")
-    if checkpoint.saved_steps(run.logdir):
-        command.append("--resume")
-    os.makedirs(run.logdir, exist_ok=True)
-    console = os.path.join(run.logdir, CONSOLE_LOG)
-    run.process_start_unix = time.time()
-    with open(console, "a") as log:
-        log.write(f"# launch.sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(command)}\n")
-        log.flush()
-        # Ctrl-C reaches the run too (same process group): it checkpoints and exits 130.
-        run.returncode = subprocess.call(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    run.process_wall_s = time.time() - run.process_start_unix
-    summary = finished_summary(run.logdir)
-    if run.returncode == 0 and summary is not None:
-        run.status = "finished"
-        _read_result(run, summary, threshold)
-    else:
-        run.status = "interrupted" if run.returncode in (130, -2) else "failed"
-        run.console_tail = _tail(console)
-    return run
-
-
 def _ray_cluster(address: str | None, num_cpus: int | None) -> tuple[str, float, bool]:
     """The address and CPU count of the cluster the runs join: `address`'s, or a new one."""
     import ray
@@ -219,113 +139,6 @@ def _ray_cluster(address: str | None, num_cpus: int | None) -> tuple[str, float,
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
     cpus = ray.cluster_resources().get("CPU", 0.0)
     return ray.get_runtime_context().gcs_address, cpus, address is None
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
-
-
-def _estimate_cells(estimates: dict[str, Any] | None, digits: int) -> list[str]:
-    if estimates is None:
-        return ["-"] * 3
-    return [
-        f"{_fmt(e['estimate'], digits)} [{_fmt(e['ci_low'], digits)}, {_fmt(e['ci_high'], digits)}]"
-        for e in (estimates[name] for name in stats.AGGREGATES)
-    ]
-
-
-def group_table(group: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """A group's statistics as a header and rows: one row per quantity."""
-    header = ["", *(f"{aggregate} [95% CI]" for aggregate in stats.AGGREGATES)]
-    rows = [["final greedy return", *_estimate_cells(group["final_return"], 1)]]
-    if "threshold" in group:
-        rows.append(
-            [f"env steps to {group['threshold']:g} (reached runs)"]
-            + _estimate_cells(group["env_steps_to_threshold_over_reached"], 0)
-        )
-        rows.append(
-            [f"wall s to {group['threshold']:g} (reached runs)"]
-            + _estimate_cells(group["wall_time_s_to_threshold_over_reached"], 1)
-        )
-    return header, rows
-
-
-def _group_title(name: str, group: dict[str, Any]) -> str:
-    title = f"{name}: {group['num_finished']}/{group['num_runs']} runs finished"
-    if "threshold" in group:
-        fraction = group["fraction_at_threshold"]
-        title += (
-            f", final return >= {group['threshold']:g} in "
-            f"{'-' if fraction is None else f'{fraction:.0%}'} of them, "
-            f"{group['num_reached']} reached it during training"
-        )
-    return title
-
-
-def print_tables(group_stats: dict[str, dict[str, Any]], out=sys.stdout) -> None:
-    """One table per group: a rich table on a terminal, plain columns otherwise."""
-    for name, group in group_stats.items():
-        header, rows = group_table(group)
-        if out.isatty():
-            import rich.console
-            import rich.table
-
-            table = rich.table.Table(*header, title=_group_title(name, group))
-            for row in rows:
-                table.add_row(*row)
-            rich.console.Console(file=out).print(table)
-            continue
-        widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-        print(_group_title(name, group), file=out)
-        for row in [header, *rows]:
-            print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)), file=out)
-
-
-def _csv_row(run: Run, grid_point: dict[str, str]) -> dict[str, Any]:
-    crossing = run.threshold or {}
-    return {
-        "group": run.group,
-        **grid_point,
-        "seed": run.seed,
-        "status": run.status,
-        "returncode": run.returncode,
-        "final_return": run.final_return,
-        "wall_time_s": run.wall_time_s,
-        "env_steps": run.env_steps,
-        "reached_threshold": crossing.get("reached"),
-        "env_steps_to_threshold": crossing.get("env_steps"),
-        "wall_time_s_to_threshold": crossing.get("wall_time_s"),
-        "logdir": run.logdir,
-    }
-
-
-def _write_figure(sweep_dir: str, runs: Sequence[Run], threshold: float | None) -> None:
-    """sweep.png: each group's final greedy returns (the groups with any)."""
-    finals: dict[str, list[float]] = {}
-    for run in runs:
-        if run.final_return is not None:
-            finals.setdefault(run.group, []).append(run.final_return)
-    if finals:
-        plots.write_sweep_figure(finals, os.path.join(sweep_dir, "sweep.png"), threshold)
-
-
-def write_results(
-    sweep_dir: str,
-    record: dict[str, Any],
-    runs: Sequence[Run],
-    grid_points: dict[str, dict[str, str]],
-) -> None:
-    """sweep.json (the command, every run, the statistics) and sweep.csv (a row per run)."""
-    record = {**record, "runs": [dataclasses.asdict(run) for run in runs]}
-    with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
-        json.dump(record, f, indent=2)
-    rows = [_csv_row(run, grid_points[run.group]) for run in runs]
-    with open(os.path.join(sweep_dir, "sweep.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -374,7 +187,9 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
-def plan(args: argparse.Namespace, train_flags: list[str]) -> tuple[list[Run], dict, float]:
+def plan(
+    args: argparse.Namespace, train_flags: list[str]
+) -> tuple[list[sweep_runs.Run], dict, float]:
     """The sweep's runs, each group's grid point, and the most CPUs one run declares.
 
     Raises:
@@ -394,27 +209,44 @@ def plan(args: argparse.Namespace, train_flags: list[str]) -> tuple[list[Run], d
         points[name] = dict(zip([key for key, _ in grid], [f.split("=", 1)[1] for f in flags]))
         for seed in range(args.seeds):
             logdir = os.path.join(args.sweep_dir, name, f"seed={seed}")
-            runs.append(Run(name, seed, logdir, [*train_flags, *flags]))
+            runs.append(sweep_runs.Run(name, seed, logdir, [*train_flags, *flags]))
     return runs, points, cpus
 
 
-def _report_end(run: Run, out=sys.stdout) -> None:
-    if run.status == "finished":
-        print(
-            f"[{run.group} seed={run.seed}] finished: final greedy return "
-            f"{_fmt(run.final_return)} in {_fmt(run.wall_time_s)}s",
-            file=out,
-            flush=True,
+def _join_ray(args: argparse.Namespace, run_cpus: float, num_pending: int) -> tuple[int, str, bool]:
+    """(runs at a time, cluster address, whether the sweep started the cluster) under ray.
+
+    Raises:
+      SweepError: one run declares more CPUs than the cluster has.
+    """
+    address, cluster_cpus, owns_cluster = _ray_cluster(args.ray_address, args.ray_num_cpus)
+    if run_cpus > cluster_cpus:
+        raise SweepError(
+            f"a run declares {run_cpus:g} CPUs but the Ray cluster has {cluster_cpus:g}"
         )
-        return
+    concurrency = max(1, int(cluster_cpus // run_cpus)) if run_cpus else num_pending
+    if args.max_concurrent:
+        concurrency = min(concurrency, args.max_concurrent)
     print(
-        f"[{run.group} seed={run.seed}] {run.status} with exit code {run.returncode}; "
-        f"last lines of {os.path.join(run.logdir, CONSOLE_LOG)}:",
-        file=out,
+        f"sweep: Ray cluster {address} with {cluster_cpus:g} CPUs; each run declares "
+        f"{run_cpus:g}: {concurrency} at a time",
         flush=True,
     )
-    for line in run.console_tail:
-        print(f"    {line}", file=out, flush=True)
+    return concurrency, address, owns_cluster
+
+
+def _not_finished(runs: list[sweep_runs.Run], threshold: float | None) -> list[sweep_runs.Run]:
+    """The runs still to run; those that finished before are marked skipped, with results."""
+    pending = []
+    for run in runs:
+        summary = sweep_runs.finished_summary(run.logdir)
+        if summary is None:
+            pending.append(run)
+            continue
+        run.status = "skipped"
+        sweep_runs.read_result(run, summary, threshold)
+        print(f"[{run.group} seed={run.seed}] skipped: finished before", flush=True)
+    return pending
 
 
 def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) -> int:
@@ -422,15 +254,7 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
     start = time.monotonic()
     runs, points, run_cpus = plan(args, train_flags)
     os.makedirs(args.sweep_dir, exist_ok=True)
-    pending = []
-    for run in runs:
-        summary = finished_summary(run.logdir)
-        if summary is None:
-            pending.append(run)
-            continue
-        run.status = "skipped"
-        _read_result(run, summary, args.threshold)
-        print(f"[{run.group} seed={run.seed}] skipped: finished before", flush=True)
+    pending = _not_finished(runs, args.threshold)
     print(
         f"sweep: {len(runs)} runs ({len(points)} groups x {args.seeds} seeds), "
         f"{len(runs) - len(pending)} finished before, {len(pending)} to run in {args.sweep_dir}",
@@ -438,19 +262,7 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
     )
     concurrency, address, owns_cluster = 1, None, False
     if args.launcher == "ray" and pending:
-        address, cluster_cpus, owns_cluster = _ray_cluster(args.ray_address, args.ray_num_cpus)
-        if run_cpus > cluster_cpus:
-            raise SweepError(
-                f"a run declares {run_cpus:g} CPUs but the Ray cluster has {cluster_cpus:g}"
-            )
-        concurrency = max(1, int(cluster_cpus // run_cpus)) if run_cpus else len(pending)
-        if args.max_concurrent:
-            concurrency = min(concurrency, args.max_concurrent)
-        print(
-            f"sweep: Ray cluster {address} with {cluster_cpus:g} CPUs; each run declares "
-            f"{run_cpus:g}: {concurrency} at a time",
-            flush=True,
-        )
+        concurrency, address, owns_cluster = _join_ray(args, run_cpus, len(pending))
     interrupted = False
     try:
         interrupted = _run_all(pending, concurrency, args, address)
@@ -471,10 +283,7 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
     record = {
         "command": command,
         "train_flags": train_flags,
-        "grid": args.grid,
-        "seeds": args.seeds,
-        "threshold": args.threshold,
-        "launcher": args.launcher,
+        **{key: getattr(args, key) for key in ("grid", "seeds", "threshold", "launcher")},
         "concurrency": concurrency,
         "run_declared_cpus": run_cpus,
         "bootstrap": {
@@ -486,9 +295,9 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
         "wall_time_s": time.monotonic() - start,
         "groups": group_stats,
     }
-    write_results(args.sweep_dir, record, runs, points)
-    _write_figure(args.sweep_dir, runs, args.threshold)
-    print_tables(group_stats)
+    sweep_results.write_results(args.sweep_dir, record, runs, points)
+    sweep_results.write_figure(args.sweep_dir, runs, args.threshold)
+    sweep_results.print_tables(group_stats)
     failed = [run for run in runs if run.status not in ("finished", "skipped")]
     print(
         f"sweep: results in {os.path.join(args.sweep_dir, 'sweep.json')}, sweep.csv and "
@@ -502,17 +311,17 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
 
 
 def _run_all(
-    pending: list[Run], concurrency: int, args: argparse.Namespace, address: str | None
+    pending: list[sweep_runs.Run], concurrency: int, args: argparse.Namespace, address: str | None
 ) -> bool:
     """Runs `pending`, `concurrency` at a time; True if Ctrl-C stopped the sweep."""
     stop = threading.Event()
 
-    def one(run: Run) -> Run:
+    def one(run: sweep_runs.Run) -> sweep_runs.Run:
         if stop.is_set():
             return run
         print(f"[{run.group} seed={run.seed}] starting in {run.logdir}", flush=True)
-        execute(run, "ray" if address else args.launcher, address, args.threshold)
-        _report_end(run)
+        sweep_runs.execute(run, "ray" if address else args.launcher, address, args.threshold)
+        sweep_results.report_end(run)
         if run.status == "interrupted":
             stop.set()
         return run

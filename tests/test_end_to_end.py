@@ -13,7 +13,7 @@ import pytest
 from matplotlib import image
 
 from agents import dqn
-from gorila_jax import envs, plots
+from gorila_jax import curves, envs
 from gorila_jax.gorila import parameter_server
 from gorila_jax.run import experiment
 from launch import presets
@@ -86,7 +86,7 @@ def _assert_run_files(logdir, summary) -> None:
     assert len(rows) >= 3 and float(rows[-1]["learner_steps"]) > 0
     assert glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
     assert image.imread(logdir / "curves.png").ndim == 3
-    _, greedy = plots.series(plots.read_run(str(logdir)), "eval_return", "env_steps")
+    _, greedy = curves.series(curves.read_run(str(logdir)), "eval_return", "env_steps")
     assert greedy[-1] == summary["final_eval_return"]
 
 

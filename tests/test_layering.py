@@ -33,7 +33,17 @@ def test_skeleton_never_imports_agents_or_launch(path):
 # Top-level modules are the contracts agents use; `builder` sits above replay because
 # an agent's builder names its replay tables and item codec.
 LAYERS = (
-    ("types", "parallel", "precision", "envs", "metrics", "plots", "config_checks", "console"),
+    (
+        "types",
+        "parallel",
+        "precision",
+        "envs",
+        "metrics",
+        "curves",
+        "plots",
+        "config_checks",
+        "console",
+    ),
     ("replay",),
     ("builder",),
     ("distributed",),

@@ -131,6 +131,12 @@ class ReplayNode:
       port: the server's port; None picks a free one. The experiment picks
         one for the whole run, so that a restarted replay node serves at the
         same address and Reverb's clients (writers, samplers) reconnect to it.
+      any_port_if_taken: serve on a free port instead when `port` is taken.
+        For a port the experiment picked itself: between the pick and the
+        bind (a minute on a loaded host) the kernel may hand it to another
+        process's connection. Clients find a node serving at another address
+        (`ReplayClient`), as after a restart elsewhere. A port the user chose
+        (`--replay_port`) is never swapped: it fails with PortInUse.
       checkpoint_dir: where `checkpoint` writes (`<logdir>/checkpoints/replay`,
         absolute); None: no checkpoints.
       restore_step: start from the checkpoint taken at this learner step;
@@ -147,6 +153,7 @@ class ReplayNode:
         port: int | None = None,
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
+        any_port_if_taken: bool = False,
     ):
         self._checkpoint_dir = checkpoint_dir
         checkpointer = None
@@ -166,7 +173,15 @@ class ReplayNode:
         tables = list(make_tables())
         signatures = {table.info.name: table.info.signature for table in tables}
         if port is not None:
-            _check_port_free(port)
+            try:
+                _check_port_free(port)
+            except PortInUse:
+                if not any_port_if_taken:
+                    raise
+                logging.warning(
+                    "replay: port %d was taken since it was picked; serving on another", port
+                )
+                port = None
         try:
             self._server = reverb.Server(tables, port=port, checkpointer=checkpointer)
         except ValueError as error:

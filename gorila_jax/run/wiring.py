@@ -283,6 +283,7 @@ def _add_replay_shards(
                     else None
                 ),
                 restore_step=restore_step,
+                any_port_if_taken=not cfg.replay_port,
             )
             handles.append(handle)
     restart = functools.partial(_restart_replay, cfg.saves_checkpoints)

@@ -228,6 +228,23 @@ def test_a_replay_port_in_use_fails_naming_the_port():
             replay.ReplayNode(_tables, port=port)
 
 
+def test_a_port_the_run_picked_and_another_process_took_since_is_swapped_for_a_free_one():
+    # Seen in CI: the kernel handed a picked port to another process's connection in
+    # the minute before the replay bound it, and its restarts failed the same way.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        node = replay.ReplayNode(_tables, port=port, any_port_if_taken=True)
+        try:
+            served = int(node.address().rpartition(":")[2])
+            assert served != port
+            # Clients ask the node where it serves: they reach the swapped port.
+            assert replay.ReplayClient(node).server_info()
+        finally:
+            node.close()
+
+
 def test_a_free_replay_port_is_used_and_a_bad_one_is_refused_before_the_run():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 from agents import dqn
-from gorila_jax import metrics, plots
+from gorila_jax import curves, metrics, plots
 from gorila_jax.run import experiment
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -203,15 +203,15 @@ def _linear_runs(seeds, end: float = 10_000.0):
 
 
 def test_two_runs_band_is_their_2_5_to_97_5_percentiles_and_more_a_seeded_bootstrap():
-    pair = plots.aggregate(_linear_runs(SEEDS[:2]), "iqm")
+    pair = curves.aggregate(_linear_runs(SEEDS[:2]), "iqm")
     a, b = (offset + slope * pair.x for offset, slope in SEEDS[:2])
     low, high = np.minimum(a, b), np.maximum(a, b)
     assert pair.band_kind == "percentile"
     np.testing.assert_allclose(pair.band[0], low + 0.025 * (high - low))
     np.testing.assert_allclose(pair.band[1], low + 0.975 * (high - low))
 
-    four = plots.aggregate(_linear_runs(SEEDS), "iqm")
-    again = plots.aggregate(_linear_runs(SEEDS), "iqm")
+    four = curves.aggregate(_linear_runs(SEEDS), "iqm")
+    again = curves.aggregate(_linear_runs(SEEDS), "iqm")
     assert four.band_kind == "bootstrap" and four.num_runs == 4
     np.testing.assert_array_equal(four.band[0], again.band[0])  # the same figure each time
     runs = np.stack([offset + slope * four.x for offset, slope in SEEDS])
@@ -221,7 +221,7 @@ def test_two_runs_band_is_their_2_5_to_97_5_percentiles_and_more_a_seeded_bootst
     assert np.all((four.band[0] <= four.center + 1e-9) & (four.center <= four.band[1] + 1e-9))
     assert np.any(four.band[1] - four.band[0] > 0)
 
-    single = plots.aggregate(_linear_runs(SEEDS[:1]), "mean")
+    single = curves.aggregate(_linear_runs(SEEDS[:1]), "mean")
     assert single.band is None and single.band_kind is None
 
 
@@ -302,7 +302,7 @@ def test_a_logdir_without_runs_and_an_unreadable_csv_are_named_in_the_error(sing
 
     (broken / "metrics.csv").write_text("step,value\n1,2\n")
     with pytest.raises(ValueError, match="metrics.csv: it has no env_steps column"):
-        plots.read_run(str(broken))
+        curves.read_run(str(broken))
     with pytest.raises(ValueError, match="2 labels for 1 logdirs"):
         plots.plot_logdirs([single_run], str(tmp_path / "c.png"), labels=["a", "b"])
 
@@ -317,7 +317,7 @@ def test_a_sweep_json_names_the_groups_and_runs_without_metrics_are_skipped(tmp_
         {"logdir": "c/0", "group": "lr=5e-4"},  # not started yet
     ]
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": listed}))
-    groups = plots.find_groups(str(tmp_path), label="new")
+    groups = curves.find_groups(str(tmp_path), label="new")
     assert groups == {
         "new/lr=1e-3": [str(tmp_path / "a" / "0"), str(tmp_path / "a" / "1")],
         "new/lr=5e-4": [str(tmp_path / "b" / "0")],
@@ -326,7 +326,7 @@ def test_a_sweep_json_names_the_groups_and_runs_without_metrics_are_skipped(tmp_
 
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": [{"group": "x"}]}))
     with pytest.raises(ValueError, match="sweep.json: expected"):
-        plots.find_groups(str(tmp_path))
+        curves.find_groups(str(tmp_path))
 
 
 def test_write_run_curves_writes_a_small_png_of_greedy_and_training_return(tmp_path):
@@ -393,7 +393,7 @@ def test_a_real_gorila_run_draws_every_panel_from_what_it_wrote(tmp_path):
         logdir=str(tmp_path),
     )
     summary = experiment.run_experiment(dqn.DQNBuilder(config), cfg)
-    rows = plots.read_run(str(tmp_path)).rows
+    rows = curves.read_run(str(tmp_path)).rows
 
     fig = plots.plot_logdirs(
         [str(tmp_path)], str(tmp_path / "all.png"), ("env_steps",), list(plots.PANELS)
