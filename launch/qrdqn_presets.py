@@ -19,33 +19,17 @@ QRDQN_PRESET_INFO = {
 
 def _cartpole() -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
     # DQN's cartpole preset (launch/presets.py, `_cartpole`, where each value
-    # is explained): LayerNorm, gamma 0.995, epsilon to 0.01, a cosine
-    # learning rate reaching 0 at the end of the 120k-env-step budget, a
-    # replay ratio of 8 and target copies every 50 updates. The quantile head
-    # adds 51 quantiles per action; kappa (huber_delta) stays 1, the paper's.
-    # The learning rate is twice DQN's: at 1e-3, seed 2 first reached 475 at
-    # 90k env steps and ended at 457; at 2e-3 it reached 475 at 55k and ended
-    # at 500 (docs/adding_an_agent.md has every measured run).
+    # is explained) with 51 quantiles; kappa (huber_delta) stays 1, the
+    # paper's. The learning rate is twice DQN's: at 1e-3, seed 2 first reached
+    # 475 at 90k env steps and ended at 457; at 2e-3 it reached 475 at 55k and
+    # ended at 500 (docs/adding_an_agent.md has every measured run).
+    from launch import presets  # imported here: presets registers this module's presets
+
+    dqn_config, settings = presets.dqn_preset("cartpole")
     config = dataclasses.replace(
-        qrdqn.QRDQNConfig(),
-        num_quantiles=51,
-        hidden_sizes=(256, 256),
-        layer_norm=True,
-        discount=0.995,
-        learning_rate=2e-3,
-        learning_rate_decay_steps=15_000,
-        learning_rate_final_fraction=0.0,
-        adam_eps=1e-8,
-        batch_size=64,
-        target_update_period=50,
-        samples_per_insert=8.0,
-        min_replay_size=1_000,
-        max_replay_size=120_000,
-        importance_exponent_anneal_steps=15_000,
-        epsilon_end=0.01,
-        epsilon_decay_steps=8_000,
+        qrdqn.QRDQNConfig(**dataclasses.asdict(dqn_config)), num_quantiles=51, learning_rate=2e-3
     )
-    return config, {"total_env_steps": 120_000, "num_envs_per_actor": 8}
+    return config, settings
 
 
 def qrdqn_preset(name: str) -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
@@ -60,17 +44,15 @@ def qrdqn_preset(name: str) -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
     )
 
 
-# Adam's b1 in Gorila mode: 0, as DQN's (presets.dqn_gorila_preset says why).
-GORILA_CARTPOLE_B1 = 0.0
-
-
 def qrdqn_gorila_preset(name: str) -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
     """`qrdqn_preset(name)` as Gorila mode (`--learner_mode=gorila`) needs it.
 
     Asynchronous workers add momentum of their own (Mitliagkas et al., 2016),
     so the cartpole preset drops Adam's, as DQN's Gorila preset does.
     """
+    from launch import presets  # see _cartpole
+
     config, settings = qrdqn_preset(name)
     if name == "cartpole":
-        config = dataclasses.replace(config, adam_b1=GORILA_CARTPOLE_B1)
+        config = dataclasses.replace(config, adam_b1=presets.GORILA_CARTPOLE_B1)
     return config, settings

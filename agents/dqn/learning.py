@@ -175,14 +175,22 @@ def _track_grads(
 
 
 def make_update_fns(
-    apply_fn: Callable, optimizer: optax.GradientTransformation, cfg: config_lib.DQNConfig
+    apply_fn: Callable,
+    optimizer: optax.GradientTransformation,
+    cfg: config_lib.DQNConfig,
+    loss: Callable = _double_q_loss,
 ) -> builder_lib.UpdateFns:
     """Returns (compute_grads, apply_grads); both run per device under the learner's pmap.
 
     `compute_grads` returns `precision.CheckedGrads`: the gradients and whether
     they are finite on all devices. Only fp16 ever skips a step.
+
+    Args:
+      loss: `loss(apply_fn, cfg, params, state, batch) -> (loss to differentiate,
+        (loss, td [B], q values, importance exponent))`, double DQN's by default;
+        a variant of DQN (QR-DQN) passes its own and keeps the rest of the update.
     """
-    loss_fn = functools.partial(_double_q_loss, apply_fn, cfg)
+    loss_fn = functools.partial(loss, apply_fn, cfg)
     track_grads = functools.partial(_track_grads, cfg) if cfg.precision == "fp16" else None
     return builder_lib.UpdateFns(
         functools.partial(_compute_grads, loss_fn, cfg),

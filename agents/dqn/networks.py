@@ -84,17 +84,7 @@ class QNetwork(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jnp.ndarray) -> jnp.ndarray:  # obs: [B, ...] -> q: [B, A]
-        if self.torso == "nature":
-            x = NatureTorso(self.dtype)(_images_nhwc(obs, self.dtype))
-        elif self.torso == "impala":
-            x = ImpalaTorso(dtype=self.dtype)(_images_nhwc(obs, self.dtype))
-        else:
-            x = obs.reshape((obs.shape[0], -1)).astype(self.dtype)
-        for size in self.hidden_sizes:
-            x = _dense(size, self.dtype)(x)
-            if self.layer_norm:
-                x = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)
-            x = nn.relu(x)
+        x = features(obs, self.torso, self.hidden_sizes, self.layer_norm, self.dtype)
         if self.dueling:
             value = _dense(1, self.dtype)(x)
             advantage = _dense(self.num_actions, self.dtype)(x)
@@ -104,11 +94,50 @@ class QNetwork(nn.Module):
         return q.astype(jnp.float32)  # TD targets and priorities are always float32
 
 
+def features(
+    obs: jnp.ndarray, torso: str, hidden_sizes: Sequence[int], layer_norm: bool, dtype: Any
+) -> jnp.ndarray:
+    """The torso and the hidden ReLU layers, [B, ...] -> [B, hidden_sizes[-1]].
+
+    Called inside a head's `nn.compact` `__call__`: its layers are the head's
+    own submodules (named as if written there), so DQN and QR-DQN share them.
+    """
+    if torso == "nature":
+        x = NatureTorso(dtype)(_images_nhwc(obs, dtype))
+    elif torso == "impala":
+        x = ImpalaTorso(dtype=dtype)(_images_nhwc(obs, dtype))
+    else:
+        x = obs.reshape((obs.shape[0], -1)).astype(dtype)
+    for size in hidden_sizes:
+        x = _dense(size, dtype)(x)
+        if layer_norm:
+            x = nn.LayerNorm(dtype=dtype, param_dtype=jnp.float32)(x)
+        x = nn.relu(x)
+    return x
+
+
 def resolve_torso(torso: str, spec: types.EnvSpec) -> str:
     """`auto` is the Nature torso for image stacks ([C, H, W]), else the MLP."""
     if torso != "auto":
         return torso
     return "nature" if len(spec.observation_shape) == 3 else "mlp"
+
+
+def checked_torso(torso: str, spec: types.EnvSpec, agent: str) -> str:
+    """The torso `torso` resolves to for `spec`.
+
+    Raises:
+      ValueError: `spec` has continuous actions, or `torso` needs images it lacks.
+    """
+    if not spec.discrete:
+        raise ValueError(f"{agent} needs discrete actions; {spec.env_id} has continuous ones")
+    torso = resolve_torso(torso, spec)
+    if torso in ("nature", "impala") and len(spec.observation_shape) != 3:
+        raise ValueError(
+            f"the {torso} torso needs image stacks [C, H, W]; {spec.env_id} observations "
+            f"have shape {spec.observation_shape} (use torso='mlp')"
+        )
+    return torso
 
 
 def make_network(
@@ -119,12 +148,5 @@ def make_network(
     dtype: Any = jnp.float32,
     layer_norm: bool = False,
 ) -> QNetwork:
-    if not spec.discrete:
-        raise ValueError(f"DQN needs discrete actions; {spec.env_id} has continuous ones")
-    torso = resolve_torso(torso, spec)
-    if torso in ("nature", "impala") and len(spec.observation_shape) != 3:
-        raise ValueError(
-            f"the {torso} torso needs image stacks [C, H, W]; {spec.env_id} observations "
-            f"have shape {spec.observation_shape} (use torso='mlp')"
-        )
+    torso = checked_torso(torso, spec, "DQN")
     return QNetwork(spec.num_actions, tuple(hidden_sizes), torso, dueling, layer_norm, dtype)

@@ -6,7 +6,6 @@ DQN's (`agents.dqn.learning`): a quantile head changes what is regressed,
 not how an update is applied, so the Gorila shards apply it as they apply DQN's.
 """
 
-import functools
 from typing import Callable
 
 import jax
@@ -16,7 +15,7 @@ import optax
 from agents.dqn import learning as dqn_learning
 from agents.qrdqn import config as config_lib
 from gorila_jax import builder as builder_lib
-from gorila_jax import parallel, precision, types
+from gorila_jax import precision, types
 
 TrainState = dqn_learning.TrainState
 
@@ -82,42 +81,13 @@ def _quantile_loss(apply_fn: Callable, cfg: config_lib.QRDQNConfig, params, stat
     return scaled, (loss, td, quantiles_tm1.mean(axis=-1), beta)
 
 
-def _compute_grads(loss_fn: Callable, cfg: config_lib.QRDQNConfig, state: TrainState, batch):
-    """Device-averaged, clipped gradients with their finiteness, and the new priorities."""
-    dynamic_scale = cfg.precision == "fp16"
-    (_, (loss, td, q_tm1, beta)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        state.params, state, batch
-    )
-    grads = parallel.pmean(grads)
-    finite = jnp.array(True)
-    if dynamic_scale:
-        grads = precision.unscale_grads(grads, state.loss_scale)
-        finite = precision.all_finite(grads)
-    metrics = {
-        "loss": loss,
-        "abs_td": jnp.mean(jnp.abs(td)),
-        "q_mean": jnp.mean(q_tm1),
-        "grad_norm": optax.global_norm(grads),
-        "importance_exponent": beta,
-    }
-    if dynamic_scale:
-        skipped = jnp.logical_not(finite).astype(jnp.float32)
-        metrics["loss_scale"] = state.loss_scale.scale
-        metrics["skipped"] = skipped
-        metrics["skipped_steps"] = state.loss_scale.skipped_steps + skipped
-    priorities = jnp.abs(td) + cfg.priority_epsilon
-    grads = precision.CheckedGrads(dqn_learning.clip_grads(grads, cfg), finite)
-    return grads, builder_lib.StepInfo(priorities=priorities, metrics=parallel.pmean(metrics))
-
-
 def make_update_fns(
     apply_fn: Callable, optimizer: optax.GradientTransformation, cfg: config_lib.QRDQNConfig
 ) -> builder_lib.UpdateFns:
-    """DQN's update functions with QR-DQN's gradients in `compute_grads`.
+    """DQN's update functions on the quantile loss.
 
-    `apply_grads` (Adam, the target copy, fp16's skip) and `track_grads` are
-    DQN's as they are: they never look at the loss.
+    Gradients, clipping, priorities, metrics, `apply_grads` (Adam, the target
+    copy, fp16's skip) and `track_grads` are DQN's as they are: only the loss
+    differs.
     """
-    dqn_fns = dqn_learning.make_update_fns(apply_fn, optimizer, cfg)
-    loss_fn = functools.partial(_quantile_loss, apply_fn, cfg)
-    return dqn_fns._replace(compute_grads=functools.partial(_compute_grads, loss_fn, cfg))
+    return dqn_learning.make_update_fns(apply_fn, optimizer, cfg, loss=_quantile_loss)

@@ -32,18 +32,7 @@ class QuantileNetwork(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jnp.ndarray) -> jnp.ndarray:  # obs: [B, ...] -> [B, A, N]
-        if self.torso in ("nature", "impala"):
-            # uint8 [B, C, H, W] frame stacks, converted on the device as DQN does.
-            images = jnp.transpose(obs, (0, 2, 3, 1)).astype(self.dtype) / 255.0
-            torso = dqn_networks.NatureTorso if self.torso == "nature" else dqn_networks.ImpalaTorso
-            x = torso(dtype=self.dtype)(images)
-        else:
-            x = obs.reshape((obs.shape[0], -1)).astype(self.dtype)
-        for size in self.hidden_sizes:
-            x = nn.Dense(size, dtype=self.dtype, param_dtype=jnp.float32)(x)
-            if self.layer_norm:
-                x = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)
-            x = nn.relu(x)
+        x = dqn_networks.features(obs, self.torso, self.hidden_sizes, self.layer_norm, self.dtype)
         shape = (x.shape[0], self.num_actions, self.num_quantiles)
         advantage = nn.Dense(
             self.num_actions * self.num_quantiles, dtype=self.dtype, param_dtype=jnp.float32
@@ -65,14 +54,7 @@ def make_network(
     dtype: Any = jnp.float32,
     layer_norm: bool = False,
 ) -> QuantileNetwork:
-    if not spec.discrete:
-        raise ValueError(f"QR-DQN needs discrete actions; {spec.env_id} has continuous ones")
-    torso = dqn_networks.resolve_torso(torso, spec)
-    if torso in ("nature", "impala") and len(spec.observation_shape) != 3:
-        raise ValueError(
-            f"the {torso} torso needs image stacks [C, H, W]; {spec.env_id} observations "
-            f"have shape {spec.observation_shape} (use torso='mlp')"
-        )
+    torso = dqn_networks.checked_torso(torso, spec, "QR-DQN")
     return QuantileNetwork(
         spec.num_actions, num_quantiles, tuple(hidden_sizes), torso, dueling, layer_norm, dtype
     )
