@@ -23,7 +23,8 @@ from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import mode, parameter_server, shard_node
-from gorila_jax.health import balance, monitor
+from gorila_jax.health import balance
+from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import elastic
 from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
@@ -114,10 +115,10 @@ def _drive(
     the `scaler` adds or removes actors (control file, elastic policy, data balance).
 
     Raises:
-      monitor.RunFailed: a node failed and may not be restarted (again).
+      supervisor_lib.RunFailed: a node failed and may not be restarted (again).
     """
     monitor_client = running.client("monitor")
-    supervisor = monitor.Supervisor(
+    supervisor = supervisor_lib.Supervisor(
         running,
         monitor_client,
         cfg.heartbeat_timeout_s,

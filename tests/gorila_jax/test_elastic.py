@@ -16,6 +16,7 @@ import pytest
 from agents import dqn
 from gorila_jax.distributed import launchers, placement, program
 from gorila_jax.health import monitor
+from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.run import elastic, experiment, wiring
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, SPEC, _experiment
@@ -118,7 +119,7 @@ def test_the_supervisor_watches_added_nodes_and_forgets_removed_ones():
     graph.node("actor/0").restartable(lambda counters: {})
     running = _ElasticRunning(graph)
     monitor_node = monitor.MonitorNode()
-    supervisor = monitor.Supervisor(running, monitor_node, 30.0, 0.0, max_restarts=3)
+    supervisor = supervisor_lib.Supervisor(running, monitor_node, 30.0, 0.0, max_restarts=3)
     # A node added after the supervisor started: its death is noticed and it is restarted.
     with graph.group("actor"):
         graph.add_node(fakes.Counter)

@@ -18,6 +18,7 @@ from agents import dqn
 from gorila_jax import replay
 from gorila_jax.distributed import launchers, program
 from gorila_jax.health import monitor
+from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from tests import fakes
@@ -95,7 +96,7 @@ def _supervised(max_restarts=2, heartbeat_timeout_s=3.0, stall_timeout_s=5.0):
             graph.node(handle.name).restartable(lambda counters: {"restored": dict(counters)})
     running, clock = _FakeRunning(graph), _Clock()
     hub = _FakeMonitor(clock)
-    supervisor = monitor.Supervisor(
+    supervisor = supervisor_lib.Supervisor(
         running, hub, heartbeat_timeout_s, stall_timeout_s, max_restarts, 30.0, clock
     )
     return running, clock, hub, supervisor
@@ -115,7 +116,7 @@ def test_a_dead_node_is_restarted_with_its_last_counters_until_max_restarts():
         running.failed["worker/0"] = f"ActorDiedError: {why}"
         if why == "killed again":
             supervisor.check()
-    with pytest.raises(monitor.RunFailed, match="worker/0 died.*and again.*max_restarts=2"):
+    with pytest.raises(supervisor_lib.RunFailed, match="worker/0 died.*and again.*max_restarts=2"):
         supervisor.check()
     assert len(running.restarted) == 2
 
@@ -168,7 +169,7 @@ def test_nobody_is_blamed_while_the_whole_program_stands_still():
 def test_a_failed_node_that_cannot_be_restarted_fails_the_run_with_its_reason():
     running, _, _, supervisor = _supervised()
     running.failed["server/0"] = "ValueError: boom"
-    with pytest.raises(monitor.RunFailed, match="server/0 died.*boom.*cannot be restarted"):
+    with pytest.raises(supervisor_lib.RunFailed, match="server/0 died.*boom.*cannot be restarted"):
         supervisor.check()
 
 
@@ -178,10 +179,12 @@ def test_the_local_launcher_fails_the_run_instead_of_restarting():
         handle = graph.add_node(fakes.Failing)
     graph.node(handle.name).restartable(lambda counters: {})
     with launchers.launch(graph, "local") as running:
-        supervisor = monitor.Supervisor(running, monitor.MonitorNode(), 3.0, 5.0, max_restarts=3)
+        supervisor = supervisor_lib.Supervisor(
+            running, monitor.MonitorNode(), 3.0, 5.0, max_restarts=3
+        )
         assert fakes.wait_until(lambda: running.failures(), timeout_s=30)
         expected = "(?s)worker/0 died.*boom.*cannot restart nodes"
-        with pytest.raises(monitor.RunFailed, match=expected):
+        with pytest.raises(supervisor_lib.RunFailed, match=expected):
             supervisor.check()
 
 

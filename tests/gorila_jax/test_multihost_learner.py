@@ -16,7 +16,7 @@ import pytest
 from agents import dqn
 from gorila_jax import envs
 from gorila_jax.distributed import multihost
-from gorila_jax.health import monitor
+from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint, sync_learner
 from gorila_jax.run import experiment
 from tests import fakes
@@ -76,7 +76,7 @@ def test_one_dead_learner_process_restarts_the_group_once_from_the_newest_checkp
     graph = _two_host_program(tmp_path)
     running, clock = _FakeRunning(graph), _Clock()
     hub = _FakeMonitor(clock)
-    supervisor = monitor.Supervisor(running, hub, 3.0, 0.0, max_restarts=1, clock=clock)
+    supervisor = supervisor_lib.Supervisor(running, hub, 3.0, 0.0, max_restarts=1, clock=clock)
     hub.beat("learner/0", learner_steps=120)
     hub.beat("learner/1", process_learner_steps=120)
     assert supervisor.check() == []
@@ -94,7 +94,7 @@ def test_one_dead_learner_process_restarts_the_group_once_from_the_newest_checkp
     # max_restarts=1: the next fault of any member fails the run, replacing nobody.
     running.built.update(GROUP)
     running.failed["learner/1"] = "ActorDiedError: killed again"
-    with pytest.raises(monitor.RunFailed, match="learner/1 died.*max_restarts=1"):
+    with pytest.raises(supervisor_lib.RunFailed, match="learner/1 died.*max_restarts=1"):
         supervisor.check()
     assert len(running.restarted) == len(GROUP)
 
@@ -106,7 +106,7 @@ def test_a_group_restart_continues_from_the_counts_reported_before_the_kill(tmp_
     graph = _two_host_program(tmp_path)
     running, clock = _FakeRunning(graph), _Clock()
     hub = _FakeMonitor(clock)
-    supervisor = monitor.Supervisor(running, hub, 3.0, 0.0, max_restarts=1, clock=clock)
+    supervisor = supervisor_lib.Supervisor(running, hub, 3.0, 0.0, max_restarts=1, clock=clock)
     hub.beat("learner/0", learner_steps=70)
     hub.beat("learner/1", process_learner_steps=70)
     assert supervisor.check() == []

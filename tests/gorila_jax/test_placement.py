@@ -287,11 +287,12 @@ def test_a_learner_whose_node_is_removed_is_restarted_by_the_supervisor_on_a_liv
 
     from gorila_jax.distributed import launchers
     from gorila_jax.health import monitor
+    from gorila_jax.health import supervisor as supervisor_lib
 
     _wait_until_idle()
     with launchers.launch(_learner_graph(), "ray") as running:
         nodes = {name: running.client(name).node_id() for name in ("learner/0", "learner/1")}
-        supervisor = monitor.Supervisor(
+        supervisor = supervisor_lib.Supervisor(
             running, monitor.MonitorNode(), 0.0, 0.0, max_restarts=1, startup_timeout_s=240
         )
         # Remove a learner's node that is not the head (the driver is connected there).
