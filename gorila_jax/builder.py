@@ -140,6 +140,11 @@ class AgentBuilder(Protocol):
         """The global learner batch (the first, if it grows), split over learner devices."""
 
     @property
+    def updates_per_dispatch(self) -> int:
+        """Updates the one-host learner runs in one device call, each on its own batch of
+        `batch_size`, all sampled at once; 1 for an agent whose batches must be fresh."""
+
+    @property
     def batch_schedule(self) -> BatchSchedule:
         """The global batch size by learner step; `((0, batch_size),)` when it is fixed."""
 

@@ -30,6 +30,10 @@ class DQNBuilder:
         return self.config.batch_size
 
     @property
+    def updates_per_dispatch(self) -> int:
+        return self.config.updates_per_dispatch
+
+    @property
     def batch_schedule(self) -> builder_lib.BatchSchedule:
         cfg = self.config
         return builder_lib.growing_batch_schedule(
@@ -61,7 +65,8 @@ class DQNBuilder:
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
         largest_batch = max(size for _, size in self.batch_schedule)
-        limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, largest_batch)
+        rows = largest_batch * cfg.updates_per_dispatch  # what one sample call takes
+        limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, rows)
         signature = self.item_codec(spec).signature()
         return [
             replay.prioritized_table(

@@ -56,6 +56,10 @@ class DQNConfig:
       batch_growth_steps: learner steps over which the batch reaches its maximum.
       target_update_period: learner steps between target-network copies.
       samples_per_insert: replay ratio the rate limiter holds (items sampled per item inserted).
+      updates_per_dispatch: updates the learner runs in one device call (a `lax.scan`), on
+        that many batches sampled in one go; their priorities go back in one write. Fewer
+        host round trips per update; the batches of one call are sampled with the
+        priorities from before it. The one-host sync learner only.
       min_replay_size: items in replay before the learner may sample.
       max_replay_size: replay capacity; the oldest items leave first.
       priority_exponent: PER alpha.
@@ -95,6 +99,7 @@ class DQNConfig:
     batch_growth_steps: int = 500_000
     target_update_period: int = 5000
     samples_per_insert: float = 8.0
+    updates_per_dispatch: int = 1
     min_replay_size: int = 20_000
     max_replay_size: int = 1_000_000
     priority_exponent: float = 0.6
@@ -121,6 +126,7 @@ class DQNConfig:
                 "batch_size",
                 "target_update_period",
                 "samples_per_insert",
+                "updates_per_dispatch",
                 "min_replay_size",
                 "max_replay_size",
                 "importance_exponent_anneal_steps",

@@ -35,6 +35,10 @@ class PPOBuilder:
         return self.config.global_batch_size
 
     @property
+    def updates_per_dispatch(self) -> int:
+        return 1  # one queue batch per update: its epochs are the update's own loop
+
+    @property
     def batch_schedule(self) -> builder_lib.BatchSchedule:
         return ((0, self.config.global_batch_size),)
 

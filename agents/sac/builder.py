@@ -36,6 +36,10 @@ class SACBuilder:
         return self.config.batch_size
 
     @property
+    def updates_per_dispatch(self) -> int:
+        return self.config.updates_per_dispatch
+
+    @property
     def batch_schedule(self) -> builder_lib.BatchSchedule:
         return ((0, self.config.batch_size),)
 
@@ -61,7 +65,8 @@ class SACBuilder:
 
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
-        limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, cfg.batch_size)
+        rows = cfg.batch_size * cfg.updates_per_dispatch  # what one sample call takes
+        limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, rows)
         signature = self.item_codec(spec).signature()
         return [replay.uniform_table(TABLE, cfg.max_replay_size, limiter, signature)]
 

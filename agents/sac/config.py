@@ -46,6 +46,8 @@ class SACConfig:
       batch_size: global batch, split evenly over learner devices.
       samples_per_insert: replay ratio the rate limiter holds (items sampled
         per item inserted); batch_size gives one update per env step.
+      updates_per_dispatch: updates the learner runs in one device call, on that many
+        batches sampled in one go (as DQNConfig's). The one-host sync learner only.
       min_replay_size: items in replay before the learner may sample.
       max_replay_size: replay capacity; the oldest items leave first.
       random_steps: env steps, summed over all actors, of uniformly random
@@ -70,6 +72,7 @@ class SACConfig:
     log_std_max: float = 2.0
     batch_size: int = 256
     samples_per_insert: float = 256.0
+    updates_per_dispatch: int = 1
     min_replay_size: int = 5_000
     max_replay_size: int = 1_000_000
     random_steps: int = 5_000
@@ -100,6 +103,7 @@ class SACConfig:
                 "target_update_period",
                 "batch_size",
                 "samples_per_insert",
+                "updates_per_dispatch",
                 "min_replay_size",
                 "max_replay_size",
             ),

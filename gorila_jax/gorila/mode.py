@@ -72,6 +72,12 @@ def check_agent(builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
             f"(UpdateFns.compute_grads and apply_grads); {type(builder).__name__} gives "
             "only a whole update step: use learner_mode=sync"
         )
+    if builder.updates_per_dispatch != 1:
+        raise ValueError(
+            f"learner_mode=gorila pushes one gradient per worker call; "
+            f"config.updates_per_dispatch={builder.updates_per_dispatch} runs on the one-host "
+            "sync learner only: set it to 1"
+        )
 
 
 def add_nodes(

@@ -95,26 +95,30 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         self._rollback_lr_factor = rollback_lr_factor
         self._rollback_param_noise = rollback_param_noise
         self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
+        self._updates = builder.updates_per_dispatch
         self._step_fn = parallel.pmap_step(
-            step_lib.make_step(builder, spec), self._devices, out_axes=step_lib.OUT_AXES
+            step_lib.make_step(builder, spec, updates=self._updates),
+            self._devices,
+            out_axes=step_lib.OUT_AXES,
         )
 
     def _rows_to_sample(self) -> int:
-        return self.batch_size()
+        return self.batch_size() * self._updates
 
     def step(self, timeout: float = 1.0) -> bool:
-        """One update on one batch. Returns False if no batch came within `timeout`."""
+        """One device call: `updates_per_dispatch` updates, each on a batch of its own.
+        Returns False if no batch came within `timeout`."""
         item = self._next_batch(timeout)
         if item is None:
             return False
         keys, batch = item
-        self._last_batch_size = keys.size
+        self._last_batch_size = keys.size // self._updates
         with self._state_lock:
             self._state, self._guard, info, published = self._step_fn(
                 self._state, self._guard, batch
             )
             with self._params_lock:
-                self._steps += 1
+                self._steps += self._updates
                 self._published = published
         streak = self._finish_step(keys, info)
         if self._max_nonfinite_steps and streak >= self._max_nonfinite_steps:

@@ -116,7 +116,7 @@ def _update(update_fns: builder_lib.UpdateFns, state: Any, batch: Any, gradient_
 
 
 def make_step(
-    builder: builder_lib.AgentBuilder, spec: Any, gradient_worker: bool = False
+    builder: builder_lib.AgentBuilder, spec: Any, gradient_worker: bool = False, updates: int = 1
 ) -> Callable:
     """The agent's update with numerical-fault protection, for `parallel.pmap_step(OUT_AXES)`.
 
@@ -137,7 +137,13 @@ def make_step(
         after the next step donates the state. True for a Gorila worker: the
         state keeps its parameters (the shards apply the gradient), and `out`
         is a `GradientOut`, whose scalars reach the host in one transfer.
+      updates: a learner's updates per call (`AgentBuilder.updates_per_dispatch`): the
+        batch holds that many batches' rows, the guarded update runs on each in turn
+        (`lax.scan`), priorities come back for every row in batch order, the metrics
+        and parameters are the last update's.
     """
+    if updates > 1 and gradient_worker:
+        raise ValueError("a Gorila gradient worker pushes one gradient per call (updates=1)")
     update_fns = builder.update_fns(spec)
 
     def step(state, guard: NumericGuard, batch: builder_lib.SampledBatch):
@@ -166,4 +172,25 @@ def make_step(
             grads, pushable = grads.grads, finite & grads.finite
         return new, guard, info, GradientOut(grads, metrics["loss"], finite, pushable)
 
-    return step
+    return step if updates == 1 else _scanned(step, updates, builder)
+
+
+def _scanned(step: Callable, updates: int, builder: builder_lib.AgentBuilder) -> Callable:
+    """`step` run `updates` times in one call, on consecutive slices of the batch's rows."""
+
+    def multi_step(state, guard: NumericGuard, batch: builder_lib.SampledBatch):
+        # This device's rows [i * b, (i + 1) * b) are its share of the i-th update's batch,
+        # the order its priorities go back in.
+        batches = jax.tree.map(lambda x: x.reshape((updates, -1) + x.shape[1:]), batch)
+
+        def one(carry, one_batch):
+            state, guard = carry
+            state, guard, info, _ = step(state, guard, one_batch)
+            return (state, guard), info
+
+        (state, guard), infos = jax.lax.scan(one, (state, guard), batches)
+        priorities = None if infos.priorities is None else infos.priorities.reshape(-1)
+        metrics = jax.tree.map(lambda m: m[-1], infos.metrics)
+        return state, guard, builder_lib.StepInfo(priorities, metrics), builder.actor_params(state)
+
+    return multi_step

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import console, envs, metrics, plots, types
+from gorila_jax import console, envs, metrics, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
@@ -316,6 +316,10 @@ def _final_evaluation(
 
 def _write_curves(logdir: str) -> None:
     """curves.png of the run; a figure that cannot be drawn never costs the run's results."""
+    # Imported here: matplotlib and scipy.stats are about 0.7 s of every run's start-up,
+    # and only the end of a run draws.
+    from gorila_jax import plots
+
     try:
         plots.write_run_curves(logdir)
     except Exception:  # noqa: BLE001  the summary and checkpoints are already written

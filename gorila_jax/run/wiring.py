@@ -76,6 +76,11 @@ def _add_learners(
     """The learner group: one process per learner host, joined by a rendezvous into one
     `jax.distributed` job when more than one; returns the chief, which actors read from."""
     per_process: list[dict[str, Any]] = [{}]
+    if cfg.num_learner_hosts > 1 and builder.updates_per_dispatch != 1:
+        raise ValueError(
+            f"config.updates_per_dispatch={builder.updates_per_dispatch} runs on a one-host "
+            f"learner only; num_learner_hosts={cfg.num_learner_hosts}: set it to 1"
+        )
     if cfg.num_learner_hosts > 1:
         with program.group("learner_rendezvous", program_lib.Resources(num_cpus=0)):
             rendezvous = program.add_node(multihost.Rendezvous)

@@ -49,6 +49,7 @@ def test_the_contract_is_what_the_skeleton_calls():
         "sample_table",
         "batch_size",
         "batch_schedule",
+        "updates_per_dispatch",
         "validate",
         "item_codec",
         "replay_tables",
