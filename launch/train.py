@@ -172,6 +172,8 @@ def preset_lines() -> list[str]:
     for agent_name, agent in presets.AGENTS.items():
         for preset in agent.preset_names:
             family, change = agent.preset_info.get(preset, ("?", "(not described)"))
+            auto = [f for f, pick in presets.AUTO_PRESETS.items() if pick.get(agent_name) == preset]
+            family += f" [auto: {', '.join(auto)}]" if auto else ""
             rows.append((agent_name, preset, family, change))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [
@@ -186,7 +188,7 @@ def auto_lines() -> list[str]:
     lines = ["auto (the default) picks by what --env is (its observations and actions):"]
     for family, picks in presets.AUTO_PRESETS.items():
         chosen = ", ".join(f"{agent} {name}" for agent, name in sorted(picks.items()))
-        lines.append(f"  {families.FAMILIES[family]}: {chosen}")
+        lines.append(f"  {family}: {families.FAMILIES[family]} -> {chosen}")
     games = ", ".join(f"{game} {name}" for game, name in presets.ATARI_DIFFICULTY.items())
     lines.append(f"  and in Atari, for dqn and ppo: {games}")
     return lines

@@ -132,7 +132,8 @@ def test_every_preset_auto_picks_is_one_the_agent_has():
 def test_list_presets_says_what_auto_picks_in_each_family():
     lines = train.auto_lines()
     for family, picks in presets.AUTO_PRESETS.items():
-        (line,) = [line for line in lines if line.startswith(f"  {families.FAMILIES[family]}:")]
+        (line,) = [line for line in lines if line.startswith(f"  {family}: ")]
+        assert families.FAMILIES[family] in line
         for agent, preset in picks.items():
             assert f"{agent} {preset}" in line
 
