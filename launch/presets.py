@@ -95,11 +95,13 @@ def resolve(name: str, env_id: str, agent: str = "dqn") -> str:
     Raises:
       ValueError: for `auto`, as `check_agent_can_act`.
     """
-    if name != "auto":
-        return name
-    spec = envs.env_spec(env_id)
+    return name if name != "auto" else auto_preset(agent, envs.env_spec(env_id))
+
+
+def auto_preset(agent: str, spec: types.EnvSpec) -> str:
+    """`agent`'s preset for `spec`'s family, as `resolve` says."""
     family = check_agent_can_act(agent, spec)
-    difficulty = ATARI_DIFFICULTY.get(env_id.split("-")[0])
+    difficulty = ATARI_DIFFICULTY.get(spec.env_id.split("-")[0])
     if family == "image" and difficulty in AGENTS[agent].preset_names:
         return difficulty
     return AUTO_PRESETS[family][agent]
@@ -271,12 +273,13 @@ def load(
         does not have (named, so a typo is not silently ignored).
     """
     entry = AGENTS[agent]
-    check_agent_can_act(agent, envs.env_spec(env_id))  # for named presets and files too
+    spec = envs.env_spec(env_id)
+    check_agent_can_act(agent, spec)  # for named presets and files too
     preset = entry.preset
     if learner_mode == "gorila" and entry.gorila_preset is not None:
         preset = entry.gorila_preset
     if not is_file(name):
-        return preset(resolve(name, env_id, agent))
+        return preset(auto_preset(agent, spec) if name == "auto" else name)
     if not os.path.exists(name):
         raise ValueError(f"preset file {name!r} does not exist")
     with open(name) as f:
@@ -292,7 +295,7 @@ def load(
     base = content.get("base", "auto")
     if is_file(base):
         raise ValueError(f"preset file {name!r}: base must be a preset name, got {base!r}")
-    config, settings = preset(resolve(base, env_id, agent))
+    config, settings = preset(auto_preset(agent, spec) if base == "auto" else base)
     agent_values = content.get("agent") or {}
     known = {field.name: field for field in dataclasses.fields(config)}
     for field, value in agent_values.items():

@@ -206,7 +206,7 @@ def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
     if key not in cache:
         accepted = []
         for name in presets.agents_for(family):
-            config, _ = presets.load("auto", name, spec.env_id, set())
+            config, _ = presets.AGENTS[name].preset(presets.auto_preset(name, spec))
             try:
                 presets.AGENTS[name].builder(config).validate(1, spec)
             except ValueError:  # the builder rejects it

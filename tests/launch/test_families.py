@@ -76,6 +76,7 @@ def test_an_env_no_agent_can_take_is_refused_saying_why(env_id, message):
         ("qrdqn", "LunarLander-v2", "cartpole"),
         ("ppo", "MountainCar-v0", "cartpole"),
         ("sac", "InvertedPendulum-v4", "pendulum"),
+        ("ppo", "InvertedPendulum-v4", "pendulum"),
         ("ppo", "MountainCarContinuous-v0", "pendulum"),
         ("sac", "Hopper-v4", "mujoco"),
         ("ppo", "BipedalWalker-v3", "mujoco"),
