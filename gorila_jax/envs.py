@@ -91,23 +91,58 @@ def make_env(
     return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
 
 
+def _space_problem(env_id: str, kind: str, space: Any) -> str | None:
+    """Why agents here cannot take `space` as their `kind` ("observations"/"actions"), or None.
+
+    Agents take one array of observations and one Discrete or flat Box of actions.
+    """
+    name = type(space).__name__
+    if hasattr(space, "spaces"):  # gymnasium's Dict and Tuple
+        parts = space.spaces
+        keys = ", ".join(map(str, parts.keys() if hasattr(parts, "keys") else range(len(parts))))
+        return f"{env_id} has {name.lower()} {kind} ({keys}); gorila-jax agents take one array"
+    if space.shape is None:
+        return f"{env_id} has {name} {kind}; gorila-jax agents take one Box or Discrete array"
+    if kind == "observations" and hasattr(space, "n"):
+        # A tabular state index (toy_text's FrozenLake, Taxi): as one number it
+        # carries no features to generalize over; agents would need a one-hot.
+        return (
+            f"{env_id} observes one integer state out of {int(space.n)} (a Discrete space, "
+            "tabular); gorila-jax agents take an array of features"
+        )
+    if kind == "actions" and not hasattr(space, "n"):
+        if not np.issubdtype(space.dtype, np.floating):
+            return f"{env_id} has {np.dtype(space.dtype).name} Box actions; agents take float ones"
+        if len(space.shape) != 1:
+            return f"{env_id} has Box actions of shape {space.shape}; agents take flat (A,) ones"
+    return None
+
+
 def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
-    """The spec of `env_id` without building the environment."""
+    """The spec of `env_id` without building the environment.
+
+    Raises:
+      ValueError: for an unknown id, an env envpool cannot load or describe here,
+        or spaces no agent takes (saying which and why).
+    """
     check_env_id(env_id)
     _quiet_box_warnings()
-    spec = envpool.make_spec(env_id, **env_kwargs)
+    try:
+        spec = envpool.make_spec(env_id, **env_kwargs)
+    except (ImportError, RuntimeError) as error:  # Procgen without Qt; ViZDoom's custom map
+        reason = str(error).splitlines()[0] if str(error) else ""
+        raise ValueError(f"{env_id}: envpool cannot load it here ({reason})") from None
     try:
         obs_space, act_space = spec.observation_space, spec.action_space
-    except TypeError as error:  # envpool 0.8 fails on some dm_control specs (FingerSpin)
+        problems = [
+            _space_problem(env_id, "observations", obs_space),
+            _space_problem(env_id, "actions", act_space),
+        ]
+    except TypeError as error:  # envpool 1.2 fails on some dm_control, Jumanji and pgx specs
         raise ValueError(f"{env_id}: envpool cannot describe its spaces ({error})") from None
+    if any(problems):
+        raise ValueError(next(problem for problem in problems if problem))
     discrete = hasattr(act_space, "n")
-    for kind, space in (("observation", obs_space), ("action", act_space)):
-        if space.shape is None:  # gymnasium's Dict and Tuple spaces have no shape
-            # dm_control, MiniGrid, Jumanji and others observe a dict of arrays.
-            raise ValueError(
-                f"{env_id}: its {kind} space is a {type(space).__name__}; agents here act "
-                "on one Box or Discrete array (python -m launch.train --list_envs lists them)"
-            )
     return types.EnvSpec(
         env_id=env_id,
         observation_shape=tuple(obs_space.shape),

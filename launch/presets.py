@@ -21,8 +21,9 @@ from typing import Any
 import yaml
 
 from agents import dqn, ppo, qrdqn, sac
+from gorila_jax import envs, types
 from gorila_jax.learning import checkpoint
-from launch import ppo_presets, qrdqn_presets, sac_presets
+from launch import families, ppo_presets, qrdqn_presets, sac_presets
 
 DQN_PRESETS = ("default", "cartpole", "simple", "medium", "hard")
 # preset -> (env family, what it changes), for `--list_presets`.
@@ -49,27 +50,61 @@ _ATARI_PRESETS = {
     "medium": {"param_pull_interval": 5, "batch_size": 512},  # Breakout
     "hard": {"param_pull_interval": 1, "batch_size": 1024},  # Montezuma's Revenge
 }
-# What `--preset=auto` picks, by the env id's name before the version.
-AUTO = {
-    "CartPole": "cartpole",
-    "Pendulum": "pendulum",  # PPO and SAC have one; DQN cannot act in continuous envs
-    "Pong": "simple",
-    "Breakout": "medium",
-    "MontezumaRevenge": "hard",
+# The preset `--preset=auto` gives each agent in each env family (what the env
+# is, from its spec: launch/families.py). An agent missing from a family
+# cannot act there; `load` says so and names the agents that can.
+AUTO_PRESETS = {
+    "image": {"dqn": "default", "qrdqn": "default", "ppo": "simple"},
+    "vector_discrete": {"dqn": "cartpole", "qrdqn": "cartpole", "ppo": "cartpole"},
+    "small_continuous": {"ppo": "pendulum", "sac": "pendulum"},
+    "continuous": {"ppo": "mujoco", "sac": "mujoco"},
 }
+# Within the image family, the games of the brief's difficulty table, by the
+# env id's name before the version, for the agents that have these presets.
+ATARI_DIFFICULTY = {"Pong": "simple", "Breakout": "medium", "MontezumaRevenge": "hard"}
 
 
-def resolve(name: str, env_id: str, available: tuple[str, ...] | None = None) -> str:
-    """`auto` picks the preset made for the env, else the brief's defaults.
+def agents_for(family: str) -> tuple[str, ...]:
+    """The agents that can act in `family`'s envs, by name."""
+    return tuple(sorted(AUTO_PRESETS[family]))
 
-    With the `available` names of an agent, `auto` picks "default" for an env
-    family that agent has no preset of (QR-DQN on Pong: its default is DQN's
-    Atari values); a named preset is always taken as given.
+
+def check_agent_can_act(agent: str, spec: types.EnvSpec) -> str:
+    """`spec`'s family, if `agent` can act there.
+
+    Raises:
+      ValueError: the env is of no family (saying why), or `agent` cannot act
+        in its family (saying why, and naming the agents that can).
     """
-    if name != "auto":
-        return name
-    picked = AUTO.get(env_id.split("-")[0], "default")
-    return "default" if available is not None and picked not in available else picked
+    family = families.family(spec)
+    if agent in AUTO_PRESETS[family]:
+        return family
+    takes = sorted({families.ACTIONS[f] for f, picks in AUTO_PRESETS.items() if agent in picks})
+    raise ValueError(
+        f"{agent.upper()} cannot act in {spec.env_id}: it has {families.describe(spec)}; "
+        f"{agent.upper()} takes {' or '.join(takes)} actions; agents that can: "
+        f"{', '.join(agents_for(family))}"
+    )
+
+
+def resolve(name: str, env_id: str, agent: str = "dqn") -> str:
+    """The preset name `name` stands for: `auto` is `agent`'s preset for the env's family
+    (`AUTO_PRESETS`), or the difficulty's for an Atari game the brief names; a named
+    preset is taken as given.
+
+    Raises:
+      ValueError: for `auto`, as `check_agent_can_act`.
+    """
+    return name if name != "auto" else auto_preset(agent, envs.env_spec(env_id))
+
+
+def auto_preset(agent: str, spec: types.EnvSpec) -> str:
+    """`agent`'s preset for `spec`'s family, as `resolve` says."""
+    family = check_agent_can_act(agent, spec)
+    difficulty = ATARI_DIFFICULTY.get(spec.env_id.split("-")[0])
+    if family == "image" and difficulty in AGENTS[agent].preset_names:
+        return difficulty
+    return AUTO_PRESETS[family][agent]
 
 
 def _cartpole() -> tuple[dqn.DQNConfig, dict[str, Any]]:
@@ -241,15 +276,18 @@ def load(
     the agent's `gorila_preset` where it has one.
 
     Raises:
-      ValueError: unknown preset, unreadable file, or a field the agent config
-        or the experiment does not have (named, so a typo is not silently ignored).
+      ValueError: an env `agent` cannot act in (`check_agent_can_act`), unknown
+        preset, unreadable file, or a field the agent config or the experiment
+        does not have (named, so a typo is not silently ignored).
     """
     entry = AGENTS[agent]
+    spec = envs.env_spec(env_id)
+    check_agent_can_act(agent, spec)  # for named presets and files too
     preset = entry.preset
     if learner_mode == "gorila" and entry.gorila_preset is not None:
         preset = entry.gorila_preset
     if not is_file(name):
-        return preset(resolve(name, env_id, entry.preset_names))
+        return preset(auto_preset(agent, spec) if name == "auto" else name)
     if not os.path.exists(name):
         raise ValueError(f"preset file {name!r} does not exist")
     with open(name) as f:
@@ -265,7 +303,7 @@ def load(
     base = content.get("base", "auto")
     if is_file(base):
         raise ValueError(f"preset file {name!r}: base must be a preset name, got {base!r}")
-    config, settings = preset(resolve(base, env_id, entry.preset_names))
+    config, settings = preset(auto_preset(agent, spec) if base == "auto" else base)
     agent_values = content.get("agent") or {}
     known = {field.name: field for field in dataclasses.fields(config)}
     for field, value in agent_values.items():

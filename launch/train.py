@@ -32,7 +32,7 @@ from gorila_jax import config_checks, console, envs, types
 from gorila_jax.gorila import mode
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
-from launch import presets
+from launch import families, presets
 
 _AGENT = flags.DEFINE_enum("agent", "dqn", list(presets.AGENTS), "Which agent to train.")
 _PRESET = flags.DEFINE_string(
@@ -172,32 +172,44 @@ def preset_lines() -> list[str]:
     for agent_name, agent in presets.AGENTS.items():
         for preset in agent.preset_names:
             family, change = agent.preset_info.get(preset, ("?", "(not described)"))
+            auto = [f for f, pick in presets.AUTO_PRESETS.items() if pick.get(agent_name) == preset]
+            family += f" [auto: {', '.join(auto)}]" if auto else ""
             rows.append((agent_name, preset, family, change))
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3]
         for row in rows
     ]
-    by_env = ", ".join(f"{prefix} -> {name}" for prefix, name in presets.AUTO.items())
-    return [*lines, f"auto (the default) picks by --env: {by_env}; other envs -> default"]
+    return [*lines, *auto_lines()]
+
+
+def auto_lines() -> list[str]:
+    """What `--preset=auto` picks: one line per env family (by the env's spec)."""
+    lines = ["auto (the default) picks by what --env is (its observations and actions):"]
+    for family, picks in presets.AUTO_PRESETS.items():
+        chosen = ", ".join(f"{agent} {name}" for agent, name in sorted(picks.items()))
+        lines.append(f"  {family}: {families.FAMILIES[family]} -> {chosen}")
+    games = ", ".join(f"{game} {name}" for game, name in presets.ATARI_DIFFICULTY.items())
+    lines.append(f"  and in Atari, for dqn and ppo: {games}")
+    return lines
 
 
 def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
-    """The agents a run accepts on `spec` with `--preset=auto`: a preset for the env and a
-    builder that takes its observations and actions.
+    """The agents a run accepts on `spec` with `--preset=auto`: its family's agents
+    (`presets.AUTO_PRESETS`) whose builder takes its observations and actions.
 
     Whether a builder accepts an env depends on its preset and the shapes and
     kinds of observations and actions, so envs alike in these share one check.
     """
-    preset = presets.resolve("auto", spec.env_id)
-    key = (preset, spec.observation_shape, spec.observation_dtype, spec.discrete, spec.action_shape)
+    family = families.family(spec)
+    key = (family, spec.observation_shape, spec.observation_dtype, spec.action_shape)
     if key not in cache:
         accepted = []
-        for name, agent in presets.AGENTS.items():
+        for name in presets.agents_for(family):
+            config, _ = presets.AGENTS[name].preset(presets.auto_preset(name, spec))
             try:
-                config, _ = presets.load("auto", name, spec.env_id, set())
-                agent.builder(config).validate(1, spec)
-            except ValueError:  # no preset for the env, or the builder rejects it
+                presets.AGENTS[name].builder(config).validate(1, spec)
+            except ValueError:  # the builder rejects it
                 continue
             accepted.append(name)
         cache[key] = tuple(accepted)
@@ -213,13 +225,13 @@ def env_lines() -> list[str]:
         family = envpool.registration.registry.specs[env_id][0].removeprefix("envpool.")
         try:
             spec = envs.env_spec(env_id)
-        except (ImportError, RuntimeError, ValueError) as error:
-            # Procgen needs Qt, which this host may lack; a few envs have no Box or
-            # Discrete observation space to read a spec from.
-            # Without the env's own name, envs that fail alike share one group.
-            reason = str(error).splitlines()[0].removeprefix(f"{env_id}: ")
-            reason = f"{type(error).__name__}: {reason}"
-            header = f"no agent: the spec does not load ({reason})"
+            families.family(spec)
+        except ValueError as error:
+            # Dict observations, channel-last images, Procgen without Qt, a spec
+            # envpool cannot describe (launch/families.py). Without the env's own
+            # name, envs that fail alike share one group.
+            reason = str(error).splitlines()[0].replace(f"{env_id}: ", "").replace(env_id, "it")
+            header = f"no agent: {reason}"
         else:
             agents = ", ".join(_agents_that_act(spec, cache)) or "no agent"
             kind = "discrete" if spec.discrete else "continuous"

@@ -45,6 +45,9 @@ BAD_INPUTS = [
     (["--preset=nosuch"], "unknown preset 'nosuch'"),
     (["--num_learner_hosts=2", "--launcher=local"], "num_learner_hosts=2 needs launcher=ray"),
     (["--agent=ppo", "--learner_mode=gorila"], "learner_mode=gorila needs an agent"),
+    (["--agent=sac"], "SAC cannot act in CartPole-v1"),  # the agent's action space
+    (["--env=Pendulum-v1"], "DQN takes discrete actions; agents that can: ppo, sac"),
+    (["--env=MiniGrid-Empty-5x5-v0"], "has dict observations (direction, image, mission)"),
 ]
 
 
@@ -184,7 +187,7 @@ def test_list_presets_prints_every_preset_of_every_agent_and_exits_0(tmp_path):
             assert (name, preset) in rows
             family, change = agent.preset_info[preset]
             assert family in result.stdout and change in result.stdout
-    assert "auto (the default) picks by --env: CartPole -> cartpole" in result.stdout
+    assert "auto (the default) picks by what --env is" in result.stdout
     assert not os.listdir(tmp_path), "listing started a run"
 
 
