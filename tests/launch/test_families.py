@@ -142,4 +142,4 @@ def test_list_presets_says_what_auto_picks_in_each_family():
 def test_gorila_mode_drops_adams_momentum_in_every_vector_discrete_env():
     sync, _ = presets.load("auto", "dqn", "Acrobot-v1", EXPERIMENT_FIELDS)
     gorila, _ = presets.load("auto", "dqn", "Acrobot-v1", EXPERIMENT_FIELDS, "gorila")
-    assert gorila == dataclasses.replace(sync, adam_b1=presets.GORILA_CARTPOLE_B1)
+    assert gorila == dataclasses.replace(sync, **presets.GORILA_CARTPOLE)
