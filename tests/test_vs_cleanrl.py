@@ -4,6 +4,7 @@ from real runs, and the windows it averages over. No CleanRL run here (see the s
 import importlib.util
 import math
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -165,3 +166,38 @@ def test_bad_flags_are_refused_before_any_run(tmp_path, flags, message):
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# A program that prints a line a tenth of a second, forever, and may ignore SIGINT.
+_TICKER = (
+    "import itertools, signal, time\n{}\n"
+    "for i in itertools.count():\n    print(i, flush=True)\n    time.sleep(0.1)\n"
+)
+
+
+def _stream(tmp_path, feed, max_seconds: float, ignore_sigint: bool = False) -> dict:
+    setup = "signal.signal(signal.SIGINT, signal.SIG_IGN)" if ignore_sigint else ""
+    command = [sys.executable, "-u", "-c", _TICKER.format(setup)]
+    log = tmp_path / "run.log"
+    run = vs_cleanrl.stream(command, str(tmp_path), {}, feed, signal.SIGINT, str(log), max_seconds)
+    run["log"] = log.read_text().splitlines()
+    return run
+
+
+def test_a_run_is_stopped_once_its_criteria_are_met(tmp_path):
+    run = _stream(tmp_path, lambda seconds, line: line.strip() == "3", max_seconds=60)
+    assert run["stop"] == "reached"
+    assert run["exit_code"] != 0  # SIGINT (2) ended it: KeyboardInterrupt
+    assert run["log"][3].endswith("] 3")  # each line with its arrival time
+    assert len(run["log"]) < 30  # stopped at once, not at the cap
+
+
+def test_a_run_that_never_gets_there_is_stopped_at_the_cap_and_killed_if_it_ignores(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(vs_cleanrl, "STOP_GRACE_S", 1.0)
+    run = _stream(tmp_path, lambda seconds, line: False, max_seconds=1.0, ignore_sigint=True)
+    assert run["stop"] == "max_seconds"
+    assert run["exit_code"] == -9  # SIGKILL after the grace
+    arrivals = [float(line[1:].split("]")[0]) for line in run["log"]]
+    assert 1.0 <= arrivals[-1] < 10.0  # the cap plus the grace, with a loaded machine's slack
