@@ -293,8 +293,8 @@ def run_ours(seed: int, workdir: str) -> dict[str, Any]:
         evaluation = first_evaluation(summary, run["start_unix"])
     elif watch.eval_seen:  # no summary (killed): the line that first showed it, <= 1 row late
         evaluation = {**watch.eval_seen, "source": "console"}
-    csv_row = first_csv_row(os.path.join(logdir, "metrics.csv"))
-    agrees = (csv_row or {}).get("env_steps") == (watch.train or {}).get("env_steps")
+    csv_row = first_csv_row(os.path.join(logdir, "metrics.csv")) or {}
+    agrees = watch.train and csv_row.get("env_steps") == watch.train["env_steps"]  # None: none
     return {
         "load_before": load,
         "command": command,
@@ -310,9 +310,7 @@ def run_ours(seed: int, workdir: str) -> dict[str, Any]:
 
 
 def _ratio(ours: dict | None, theirs: dict | None) -> float | None:
-    if not ours or not theirs:
-        return None
-    return ours["seconds"] / theirs["seconds"]
+    return ours["seconds"] / theirs["seconds"] if ours and theirs else None
 
 
 def _median(values: list[float | None]) -> float | None:
