@@ -225,7 +225,8 @@ def stream(
                 elif now - stopped_at > STOP_GRACE_S and process.poll() is None:
                     os.killpg(process.pid, signal.SIGKILL)
     except BaseException:  # the benchmark itself interrupted: leave no run behind
-        os.killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
         raise
     return {"start_unix": start, "stop": reason, "exit_code": process.wait()}
 
