@@ -322,6 +322,8 @@ def _write_curves(logdir: str) -> None:
 
     try:
         plots.write_run_curves(logdir)
+    except ValueError as error:  # a run stopped before it logged anything to draw
+        logging.warning("curves.png not written into %s: %s", logdir, error)
     except Exception:  # noqa: BLE001  the summary and checkpoints are already written
         logging.warning("curves.png not written into %s", logdir, exc_info=True)
 
