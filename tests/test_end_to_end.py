@@ -1,7 +1,9 @@
 """DQN learns CartPole-v1 through the whole program: actors, Reverb, learner, evaluator.
 
-These are the slow tests that prove the core claim; each has a fixed seed and
-asserts a return threshold from the final greedy evaluation (10 episodes).
+These are the slow tests that prove the core claim; each has a fixed seed, runs a
+bounded budget to its end (no `stop_at_eval_return`: a run that solves and
+collapses later must fail) and asserts a return threshold from the final greedy
+evaluation (10 episodes after the whole budget).
 """
 
 import csv
@@ -33,35 +35,27 @@ def _cartpole(
 
 
 @pytest.mark.slow
-def test_dqn_solves_cartpole_under_the_local_launcher(tmp_path):
-    # Stops at the first evaluation (10 greedy episodes) of 475 or more;
-    # the whole budget's end is the extended test below.
-    builder, exp = _cartpole(tmp_path, launcher="local", stop_at_eval_return=475.0)
-    summary = experiment.run_experiment(builder, exp)
-    assert _best_evaluation(summary) >= 475, summary["evaluations"]
-    assert summary["stop_reason"] == "evaluation return reached 475.0", summary["stop_reason"]
-    assert summary["final_eval_episodes"] >= 10
-    _assert_run_files(tmp_path, summary)
-    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
-    _assert_q_within_the_largest_return(rows, builder.config.discount)
-
-
-@pytest.mark.slow
-@pytest.mark.extended
-def test_dqn_solves_cartpole_and_does_not_collapse_by_the_end_of_its_budget(tmp_path):
+def test_dqn_solves_cartpole_and_holds_it_to_the_end_of_its_budget(tmp_path):
+    # The whole preset budget, no early stop: a policy that reaches 475 and
+    # falls back later (the late collapses before LayerNorm) fails here.
     builder, exp = _cartpole(tmp_path, launcher="local")
     summary = experiment.run_experiment(builder, exp)
-    # Within the budget an evaluation (10 greedy episodes) reaches 475. The
-    # final return after the whole budget was 459-500 in quiet runs and 390-397
-    # under load (README, "Flags", on the cartpole preset): greedy DQN policies
-    # fall back late in some runs, so the end is only asked not to collapse.
-    assert _best_evaluation(summary) >= 475, summary["evaluations"]
-    assert summary["final_eval_return"] >= 300, summary["evaluations"]
-    on_disk = json.loads((tmp_path / "summary.json").read_text())
-    assert on_disk["env_steps"] >= exp.total_env_steps
+    _assert_solved_at_the_end(summary, exp)
     _assert_run_files(tmp_path, summary)
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     _assert_q_within_the_largest_return(rows, builder.config.discount)
+
+
+def _assert_solved_at_the_end(summary, exp, threshold: float = 475.0) -> None:
+    """The greedy return after the whole budget, not the best or the first crossing.
+
+    The final evaluation (10 greedy episodes of the last parameters) reaches
+    `threshold`: a run that solved CartPole and then collapsed ends below it.
+    """
+    assert summary["stop_reason"] == "total_env_steps reached", summary["stop_reason"]
+    assert summary["env_steps"] >= exp.total_env_steps
+    assert summary["final_eval_episodes"] >= 10
+    assert summary["final_eval_return"] >= threshold, summary["evaluations"]
 
 
 def _assert_q_within_the_largest_return(rows, discount: float) -> None:
@@ -97,7 +91,7 @@ def test_dqn_learns_under_the_ray_launcher_with_two_actors(tmp_path, ray_options
         tmp_path,
         launcher="ray",
         num_actors=2,
-        stop_at_eval_return=200.0,
+        # A bounded budget, half the preset's, whose end is asserted.
         total_env_steps=60_000,
         # 4 nodes that need a CPU share the 2 logical CPUs of the test cluster.
         learner_cpus=0.5,
@@ -105,8 +99,15 @@ def test_dqn_learns_under_the_ray_launcher_with_two_actors(tmp_path, ray_options
         cpus_per_actor=0.5,
     )
     summary = experiment.run_experiment(builder, exp, **ray_options)
-    assert summary["final_eval_return"] > 150, summary["evaluations"]
-    assert summary["learner_steps"] > 0
+    # The untrained network's evaluations score about 10.
+    _assert_solved_at_the_end(summary, exp, threshold=150.0)
+
+
+# The Gorila test's bounded budget: half the preset's 120k env steps, as CI's
+# one-at-a-time tests have no room for the whole budget. The first evaluation
+# >= 475 came at 21-44k env steps in the 5 seeds of docs/gorila.md; one run
+# of this test held 500 from 34.7k to the end but for one 413.
+GORILA_TEST_ENV_STEPS = 60_000
 
 
 def _gorila_cartpole(tmp_path, **overrides):
@@ -129,16 +130,11 @@ def _gorila_cartpole(tmp_path, **overrides):
     )
 
 
-def _best_evaluation(summary) -> float:
-    return max(evaluation["eval_return"] for evaluation in summary["evaluations"])
-
-
 @pytest.mark.slow
 def test_gorila_dqn_solves_cartpole_with_two_workers_and_two_shards(tmp_path, ray_options):
-    builder, exp = _gorila_cartpole(tmp_path, stop_at_eval_return=475.0)
+    builder, exp = _gorila_cartpole(tmp_path, total_env_steps=GORILA_TEST_ENV_STEPS)
     summary = experiment.run_experiment(builder, exp, **ray_options)
-    # An evaluation (10 greedy episodes) reaches 475 within the preset's 120k env steps.
-    assert _best_evaluation(summary) >= 475, summary["evaluations"]
+    _assert_solved_at_the_end(summary, exp)
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     # Asynchronous for real: gradients landed on parameters that had moved on.
     assert float(rows[-1]["mean_staleness"]) > 0.5
@@ -151,10 +147,10 @@ def test_gorila_dqn_solves_cartpole_with_two_workers_and_two_shards(tmp_path, ra
 def test_gorila_dqn_learns_cartpole_with_one_bit_gradients_two_workers_two_shards(
     tmp_path, ray_options
 ):
-    builder, exp = _gorila_cartpole(tmp_path, compression="onebit", stop_at_eval_return=300.0)
+    builder, exp = _gorila_cartpole(tmp_path, compression="onebit")
     summary = experiment.run_experiment(builder, exp, **ray_options)
-    # An evaluation (10 greedy episodes) reaches 300 within the preset's 120k env steps.
-    assert _best_evaluation(summary) >= 300, summary["evaluations"]
+    # The preset's whole 120k env steps (extended: too long for CI).
+    _assert_solved_at_the_end(summary, exp, threshold=300.0)
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     # The updates went through both shards.
     assert float(rows[-1]["shard0/applied"]) > 0 and float(rows[-1]["shard1/applied"]) > 0

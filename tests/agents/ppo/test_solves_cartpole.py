@@ -28,6 +28,8 @@ def _cartpole(tmp_path, **overrides) -> tuple[ppo.PPOBuilder, experiment.Experim
 def test_ppo_solves_cartpole_under_the_local_launcher(tmp_path):
     builder, exp = _cartpole(tmp_path, launcher="local")
     summary = experiment.run_experiment(builder, exp)
+    # The whole preset budget (no early stop), so the end is what is asserted.
+    assert summary["env_steps"] >= exp.total_env_steps, summary["stop_reason"]
     assert summary["final_eval_return"] >= 475, summary["evaluations"]
     assert summary["final_eval_episodes"] >= 10
     # Every actor's KL to the learner's policy was reported (NaN only for a
@@ -47,14 +49,16 @@ def test_ppo_learns_under_the_ray_launcher_with_two_actors(tmp_path, ray_options
         tmp_path,
         launcher="ray",
         num_actors=2,
-        stop_at_eval_return=200.0,
-        total_env_steps=100_000,
+        # A bounded budget run to its end (no early stop), so that a policy
+        # that learned and then fell back fails.
+        total_env_steps=60_000,
         # 4 nodes that need a CPU share the 2 logical CPUs of the test cluster.
         learner_cpus=0.5,
         replay_cpus=0.5,
         cpus_per_actor=0.5,
     )
     summary = experiment.run_experiment(builder, exp, **ray_options)
+    assert summary["env_steps"] >= exp.total_env_steps, summary["stop_reason"]
     # A random policy scores about 20.
     assert summary["final_eval_return"] > 150, summary["evaluations"]
     assert summary["learner_steps"] > 0

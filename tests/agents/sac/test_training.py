@@ -53,7 +53,7 @@ def test_launch_train_runs_sac_on_a_mujoco_env(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0])
-def test_sac_reaches_minus_250_on_pendulum_under_the_local_launcher(tmp_path, seed):
+def test_sac_reaches_minus_200_on_pendulum_under_the_local_launcher(tmp_path, seed):
     config, settings = presets.load("auto", "sac", "Pendulum-v1", set())
     exp = experiment.ExperimentConfig(
         env_id="Pendulum-v1",
@@ -67,5 +67,9 @@ def test_sac_reaches_minus_250_on_pendulum_under_the_local_launcher(tmp_path, se
         **settings,
     )
     summary = experiment.run_experiment(sac.SACBuilder(config), exp)
-    assert summary["final_eval_return"] >= -250, summary["evaluations"]
-    assert summary["final_eval_episodes"] >= 10
+    # The end of the preset's whole budget (no early stop), over its 50
+    # evaluation episodes; the first evaluations, before learning, score
+    # below -1000.
+    assert summary["env_steps"] >= exp.total_env_steps, summary["stop_reason"]
+    assert summary["final_eval_episodes"] == settings["eval_episodes"]
+    assert summary["final_eval_return"] >= -200, summary["evaluations"]
