@@ -168,7 +168,8 @@ def group_statistics(
     out["fraction_at_threshold"] = (
         sum(value >= threshold for value in finals) / len(finals) if finals else None
     )
-    reached = [run["threshold"] for run in runs if run.get("threshold", {}).get("reached")]
+    # A run interrupted before its summary has "threshold": None.
+    reached = [run["threshold"] for run in runs if (run.get("threshold") or {}).get("reached")]
     out["num_reached"] = len(reached)
     for unit in ("env_steps", "wall_time_s"):
         times = [crossing[unit] for crossing in reached if crossing[unit] is not None]

@@ -121,9 +121,10 @@ def test_group_statistics_count_final_returns_and_time_only_runs_that_reached():
             "threshold": {"reached": False, "env_steps": None, "wall_time_s": None},
         },
         {"final_return": None},  # failed
+        {"final_return": None, "threshold": None},  # interrupted before its summary
     ]
     group = stats.group_statistics(runs, threshold=475.0, reps=200)
-    assert (group["num_runs"], group["num_finished"], group["num_reached"]) == (5, 4, 3)
+    assert (group["num_runs"], group["num_finished"], group["num_reached"]) == (6, 4, 3)
     assert group["fraction_at_threshold"] == pytest.approx(2 / 4)
     finals = np.array([500.0, 480.0, 300.0, 100.0])
     assert group["final_return"]["mean"]["estimate"] == pytest.approx(finals.mean())
