@@ -4,10 +4,12 @@ Starts a training command (`python -m launch.train --launcher=local ...`: every 
 thread of one process, so one sampler sees them all), waits until it has taken
 `--warmup_env_steps`, then samples its Python threads with py-spy (pinned in
 requirements.txt) for `--seconds` and sorts each sample by what its stack is doing.
-Shares are of the process's CPU time over the same window (read from /proc), so the
-part py-spy cannot see, native threads of XLA, Reverb's server and tf.data, is a row
-of its own. Each `--variant` is one run, one after the other, so "before" and "after"
-share the machine's state. Last line: JSON.
+Shares are of the samples py-spy took of threads it saw active; it also counts a thread
+blocked inside native code (a Reverb rate-limiter wait, a tf.data `next`) as active, so
+a share is where the node threads are, not CPU. The CPU the whole process used over
+the same window (from /proc), per 1000 env steps, is beside it. Each `--variant` is
+one run, one after the other, so "before" and "after" share the machine's state.
+Last line: JSON.
 
   python bench/dqn_profile.py --variant=before:--config.updates_per_dispatch=1 \
       --variant=after:
@@ -115,9 +117,8 @@ def profile(name: str, extra_flags: list[str]) -> dict:
         for line in f:
             stack, count = line.rsplit(" ", 1)
             samples[categorize(stack.split(";")[1:])] += int(count)
-    python_cpu = sum(samples.values()) / _RATE.value  # seconds of non-idle Python threads
-    shares = {k: v / _RATE.value / cpu for k, v in samples.most_common()}
-    shares["native threads (XLA, Reverb server, tf.data)"] = max(0.0, 1 - python_cpu / cpu)
+    total = sum(samples.values())
+    shares = {k: v / total for k, v in samples.most_common()}
     return {
         "variant": name,
         "flags": extra_flags,
