@@ -44,12 +44,18 @@ done
 # there the budget is generous and is the only bound (a loaded CI machine is slow).
 BUDGET_S="${BUDGET_S:-$((SMOKE ? 1200 : 450))}"
 for value in "$BUDGET_S" "$LEARN_S" "$LEARN_ACTORS"; do
-  [[ "$value" =~ ^[0-9]+$ ]] || { echo "error: $value: budgets and counts are whole numbers" >&2; exit 2; }
+  if ! [[ "$value" =~ ^[0-9]+$ ]]; then
+    echo "error: $value: budgets and counts are whole numbers" >&2
+    exit 2
+  fi
 done
 if ((SMOKE)); then
   # Plumbing only: the CI venv, CartPole shapes (compiles in seconds on CPU), tiny batches.
-  # The local launcher: Ray's start-up wait (30 s) runs out on a loaded CI machine.
-  VENV="${VENV:-$REPO/.venv}" LEARN_ENV=CartPole-v1 LEARN_S=8 LEARN_ACTORS=2 LAUNCHER=local
+  # The local launcher: Ray's start-up wait (30 s) runs out on a loaded CI machine. The
+  # run ends at 10k env steps, past what PPO's queue holds before the learner takes some;
+  # its wall time is only a bound.
+  VENV="${VENV:-$REPO/.venv}" LEARN_ENV=CartPole-v1 LEARN_S=600 LEARN_ACTORS=2 LAUNCHER=local
+  TRAIN_ARGS=(--total_env_steps=10000 "${TRAIN_ARGS[@]}")
   BENCH_ARGS=(--env=CartPole-v1 --seconds=0.2 --dqn_batch_size=8 --ppo_chunks=4
     --ppo_trajectory_length=8)
 fi
@@ -108,9 +114,9 @@ learn_command() {
   # A precaution: the driver's JAX sees the GPU too (its final evaluation runs there), and
   # XLA's default of 75% of the memory per process would leave a second process none.
   LEARN=(env XLA_PYTHON_CLIENT_PREALLOCATE=false "$PY" -m launch.train --agent="$LEARN_AGENT"
-    --env="$LEARN_ENV" --preset=auto --launcher="$LAUNCHER" --num_actors="$LEARN_ACTORS" --learner_gpus="$gpus"
-    --tf32 --max_wall_time_s="$drive" --eval_interval_s=30 --checkpoint_interval_steps=0
-    --logdir="$OUT/learn" "${TRAIN_ARGS[@]}")
+    --env="$LEARN_ENV" --preset=auto --launcher="$LAUNCHER" --num_actors="$LEARN_ACTORS"
+    --learner_gpus="$gpus" --tf32 --max_wall_time_s="$drive" --eval_interval_s=30
+    --checkpoint_interval_steps=0 --logdir="$OUT/learn" "${TRAIN_ARGS[@]}")
 }
 
 if ((!SMOKE)) && ! command -v nvidia-smi >/dev/null; then

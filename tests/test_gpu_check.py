@@ -108,7 +108,7 @@ def test_cpu_smoke_runs_every_stage_and_ends_with_one_json_report(tmp_path):
         assert row["updates_per_s"] > 0 and row["nonfinite_skipped_steps"] == 0, row
     assert {r["samples_per_update"] for r in report["learner"]} == {8, 4 * 8}
     run = report["learning_run"]
-    assert run["stop_reason"] == "max_wall_time_s reached", run
+    assert run["stop_reason"] == "total_env_steps reached", run
     assert run["env_steps"] > 0 and run["learner_steps"] > 0 and run["env_steps_per_s"] > 0
     assert run["final_eval_episodes"] == 10 and isinstance(run["final_eval_return"], float)
     assert set(report["stages"]) == {"devices", "learner", "learn"}
