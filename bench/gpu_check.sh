@@ -52,10 +52,10 @@ done
 if ((SMOKE)); then
   # Plumbing only: the CI venv, CartPole shapes (compiles in seconds on CPU), tiny batches.
   # The local launcher: Ray's start-up wait (30 s) runs out on a loaded CI machine. The
-  # run ends at 10k env steps, past what PPO's queue holds before the learner takes some;
-  # its wall time is only a bound.
+  # run ends at 40k env steps, well past what actors ran ahead of PPO's first update (14k
+  # steps with 1 update, measured on the loaded machine); its wall time is only a bound.
   VENV="${VENV:-$REPO/.venv}" LEARN_ENV=CartPole-v1 LEARN_S=600 LEARN_ACTORS=2 LAUNCHER=local
-  TRAIN_ARGS=(--total_env_steps=10000 "${TRAIN_ARGS[@]}")
+  TRAIN_ARGS=(--total_env_steps=40000 "${TRAIN_ARGS[@]}")
   BENCH_ARGS=(--env=CartPole-v1 --seconds=0.2 --dqn_batch_size=8 --ppo_chunks=4
     --ppo_trajectory_length=8)
 fi
