@@ -88,7 +88,9 @@ def test_require_gpu_on_a_cpu_host_says_what_is_missing():
     assert "requirements-gpu.txt" in result.stderr
 
 
-@pytest.mark.slow
+# Extended: it proves a GPU host's script still runs its stages, no claim of the CPU
+# suite, and its 10 learner compiles cost minutes of CI's 2 cores.
+@pytest.mark.extended
 @pytest.mark.timeout(1500)  # above the smoke run's own bound, 1200 s: a liveness bound
 def test_cpu_smoke_runs_every_stage_and_ends_with_one_json_report(tmp_path):
     # The suite's venv and interpreter; conftest's 4 CPU devices reach the bench by XLA_FLAGS.
