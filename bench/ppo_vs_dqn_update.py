@@ -5,7 +5,8 @@ Both run in this process as the learner runs them (`step.make_step` under
 env's preset networks (Pong-v5: the Nature torso, 512 hidden units). For each:
 compile time, seconds per update (median of `--repeats`), sample-gradients
 per update (PPO: epochs x chunks x steps; DQN: the batch), XLA's FLOP count
-of the compiled step (`cost_analysis`), and how many of its convolutions are
+of the compiled step (`cost_analysis`, which counts a loop body once: PPO's
+figure is exact only with 1 epoch of 1 minibatch), and how many of its convolutions are
 not in the NHWC x HWIO -> NHWC form that XLA:CPU runs with Eigen
 (`noncanonical_convs`, from the compiled HLO; see agents/conv.py). ratio =
 PPO seconds per update / DQN seconds per update. `--conv=xla` measures with
