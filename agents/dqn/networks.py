@@ -5,6 +5,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from agents import conv
 from gorila_jax import types
 
 TORSOS = ("mlp", "nature", "impala")
@@ -15,8 +16,16 @@ def _dense(size: int, dtype: Any) -> nn.Dense:
 
 
 def _conv(features: int, kernel: int, stride: int, padding: str, dtype: Any) -> nn.Conv:
+    # agents.conv keeps the gradient convolutions fast on CPU inside a lax.scan
+    # (PPO's epochs): XLA:CPU canonicalizes them only outside loops.
     return nn.Conv(
-        features, (kernel, kernel), (stride, stride), padding, dtype=dtype, param_dtype=jnp.float32
+        features,
+        (kernel, kernel),
+        (stride, stride),
+        padding,
+        dtype=dtype,
+        param_dtype=jnp.float32,
+        conv_general_dilated=conv.conv_general_dilated,
     )
 
 
