@@ -32,6 +32,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from bench import timing  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs, parallel, precision, types  # noqa: E402
 from gorila_jax.learning import step as step_lib  # noqa: E402
@@ -101,41 +102,6 @@ def _config(agent: str, mode: Mode, env_id: str):
     return dataclasses.replace(config, **changes)
 
 
-def random_batch(builder, spec: types.EnvSpec, seed: int = 0) -> builder_lib.SampledBatch:
-    """One global batch of the agent's replay items (its item codec's layout), random values.
-
-    Both item kinds (DQN's `types.Transition`, PPO's `types.Trajectory`) get
-    random observations and valid actions; the rest stays as decoded from
-    zeros (PPO's behaviour log-probabilities 0, so weights are truncated at rho_bar).
-    """
-    rng = np.random.default_rng(seed)
-    codec = builder.item_codec(spec)
-    size = builder.batch_size
-    items = codec.decode(np.zeros((size, codec.num_bytes), np.uint8))
-    observations = lambda x: rng.integers(0, 256, x.shape).astype(x.dtype)
-    if spec.observation_dtype != "uint8":
-        observations = lambda x: rng.normal(size=x.shape).astype(x.dtype)
-    changes = {
-        "observation": observations(items.observation),
-        "action": rng.integers(0, max(spec.num_actions, 1), items.action.shape).astype(
-            items.action.dtype
-        ),
-        "reward": rng.normal(size=items.reward.shape).astype(np.float32),
-    }
-    if isinstance(items, types.Transition):
-        changes.update(
-            next_observation=observations(items.next_observation),
-            discount=np.full(items.discount.shape, 0.99, np.float32),
-        )
-    else:
-        changes.update(
-            valid=np.ones(items.valid.shape, bool),
-            terminated=rng.random(items.terminated.shape) < 0.001,
-        )
-    items = items._replace(**changes)
-    return builder_lib.SampledBatch(items, np.full(size, 1.0 / size), np.full(size, size))
-
-
 def samples_per_update(agent: str, config) -> int:
     """Replay samples one update learns from: DQN transitions, PPO env steps."""
     if agent == "ppo":
@@ -151,7 +117,7 @@ def measure(agent: str, mode_name: str, devices: list, spec: types.EnvSpec, seco
     builder = presets.AGENTS[agent].builder(config)
     builder.validate(len(devices), spec)  # names the setting when the batch does not split
     step = parallel.pmap_step(step_lib.make_step(builder, spec), devices, step_lib.OUT_AXES)
-    batch = parallel.shard_to_devices(random_batch(builder, spec), devices)
+    batch = parallel.shard_to_devices(timing.random_batch(builder, spec), devices)
     state = parallel.replicate(builder_lib.initial_train_state(builder, spec, 0), devices)
     guard = parallel.replicate(step_lib.init_guard(), devices)
 

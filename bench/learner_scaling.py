@@ -37,25 +37,6 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", 0, "Internal: this process's in
 _COORDINATOR = flags.DEFINE_string("coordinator", "", "Internal: jax.distributed coordinator.")
 
 
-def _global_batch(spec, size: int):
-    import numpy as np
-
-    from gorila_jax import builder as builder_lib
-    from gorila_jax import types
-
-    rng = np.random.default_rng(0)
-    obs = rng.normal(size=(size, *spec.observation_shape)).astype(np.float32)
-    data = types.Transition(
-        obs,
-        rng.integers(0, spec.num_actions, size).astype(np.int32),
-        rng.normal(size=size).astype(np.float32),
-        np.full(size, 0.97, np.float32),
-        np.roll(obs, 1, axis=0),
-    )
-    probabilities = rng.uniform(0.5, 2.0, size) / size
-    return builder_lib.SampledBatch(data, probabilities, np.full(size, size, np.int64))
-
-
 def _child() -> None:
     """Times `--steps` updates in this process; process 0 prints {"updates_per_s": ...}."""
     from gorila_jax.distributed import multihost
@@ -66,6 +47,7 @@ def _child() -> None:
     import jax
 
     from agents import dqn
+    from bench import timing
     from gorila_jax import builder as builder_lib
     from gorila_jax import envs, parallel
     from gorila_jax.learning import multihost_learner
@@ -81,7 +63,7 @@ def _child() -> None:
         parallel.replicate(step_lib.init_guard(), local),
     )
     batch = multihost.process_rows(
-        _global_batch(spec, _BATCH.value), _PROCESS_ID.value, _NUM_PROCESSES.value
+        timing.random_batch(builder, spec), _PROCESS_ID.value, _NUM_PROCESSES.value
     )
     batch = parallel.shard_to_devices(batch, local)  # on device once: time the update only
     if _GLOBAL_STEP.value:

@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from agents import conv, dqn, ppo  # noqa: E402
+from bench import timing  # noqa: E402
 from agents.ppo import learning  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs, parallel, types  # noqa: E402
@@ -74,19 +75,6 @@ def _ppo_batch(builder: ppo.PPOBuilder, spec: types.EnvSpec) -> builder_lib.Samp
         actor_index=np.zeros(chunks, np.int32),
     )
     return builder_lib.SampledBatch(traj, np.ones(chunks), np.full(chunks, chunks))
-
-
-def _dqn_batch(spec: types.EnvSpec, size: int) -> builder_lib.SampledBatch:
-    rng = np.random.default_rng(0)
-    obs = rng.integers(0, 256, (size, *spec.observation_shape), np.uint8)
-    data = types.Transition(
-        obs,
-        rng.integers(0, spec.num_actions, size).astype(np.int32),
-        rng.normal(size=size).astype(np.float32),
-        np.full(size, 0.97, np.float32),
-        np.roll(obs, 1, axis=0),
-    )
-    return builder_lib.SampledBatch(data, np.full(size, 1.0 / size), np.full(size, size))
 
 
 def measure(builder, spec: types.EnvSpec, batch, repeats: int) -> dict:
@@ -150,7 +138,7 @@ def main(argv):
             "env_steps": steps,
         },
         "dqn": {
-            **measure(dqn_builder, spec, _dqn_batch(spec, _DQN_BATCH.value), _REPEATS.value),
+            **measure(dqn_builder, spec, timing.random_batch(dqn_builder, spec), _REPEATS.value),
             "sample_grads": _DQN_BATCH.value,
         },
     }

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from gorila_jax import builder as builder_lib
 from gorila_jax import envs, types
 from gorila_jax.run import experiment
 
@@ -70,3 +71,38 @@ def pipeline_rates(
         "updates_per_s": (float(last["learner_steps"]) - float(first["learner_steps"])) / elapsed,
         "last_row": last,
     }
+
+
+def random_batch(builder, spec: types.EnvSpec, seed: int = 0) -> builder_lib.SampledBatch:
+    """One global batch of the agent's replay items (its item codec's layout), random values.
+
+    Both item kinds (DQN's `types.Transition`, PPO's `types.Trajectory`) get
+    random observations and valid actions; the rest stays as decoded from
+    zeros (PPO's behaviour log-probabilities 0, so weights are truncated at rho_bar).
+    """
+    rng = np.random.default_rng(seed)
+    codec = builder.item_codec(spec)
+    size = builder.batch_size
+    items = codec.decode(np.zeros((size, codec.num_bytes), np.uint8))
+    observations = lambda x: rng.integers(0, 256, x.shape).astype(x.dtype)
+    if spec.observation_dtype != "uint8":
+        observations = lambda x: rng.normal(size=x.shape).astype(x.dtype)
+    changes = {
+        "observation": observations(items.observation),
+        "action": rng.integers(0, max(spec.num_actions, 1), items.action.shape).astype(
+            items.action.dtype
+        ),
+        "reward": rng.normal(size=items.reward.shape).astype(np.float32),
+    }
+    if isinstance(items, types.Transition):
+        changes.update(
+            next_observation=observations(items.next_observation),
+            discount=np.full(items.discount.shape, 0.99, np.float32),
+        )
+    else:
+        changes.update(
+            valid=np.ones(items.valid.shape, bool),
+            terminated=rng.random(items.terminated.shape) < 0.001,
+        )
+    items = items._replace(**changes)
+    return builder_lib.SampledBatch(items, np.full(size, 1.0 / size), np.full(size, size))
