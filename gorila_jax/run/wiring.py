@@ -76,19 +76,14 @@ def _add_learners(
     """The learner group: one process per learner host, joined by a rendezvous into one
     `jax.distributed` job when more than one; returns the chief, which actors read from."""
     per_process: list[dict[str, Any]] = [{}]
-    if cfg.num_learner_hosts > 1 and builder.updates_per_dispatch != 1:
-        raise ValueError(
-            f"config.updates_per_dispatch={builder.updates_per_dispatch} runs on a one-host "
-            f"learner only; num_learner_hosts={cfg.num_learner_hosts}: set it to 1"
-        )
+    node_class: type = learner.LearnerNode
     if cfg.num_learner_hosts > 1:
+        multihost_learner.check_agent(builder, cfg.num_learner_hosts)
+        node_class = multihost_learner.MultiHostLearnerNode
         with program.group("learner_rendezvous", program_lib.Resources(num_cpus=0)):
             rendezvous = program.add_node(multihost.Rendezvous)
         job = dict(num_learner_hosts=cfg.num_learner_hosts, rendezvous=rendezvous)
         per_process = [dict(job, learner_process_id=i) for i in range(cfg.num_learner_hosts)]
-    node_class = (
-        multihost_learner.MultiHostLearnerNode if cfg.num_learner_hosts > 1 else learner.LearnerNode
-    )
     with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
         handles = [
             program.add_node(
