@@ -70,6 +70,11 @@ class ReplayLearnerNode(program.Worker):
         self._sampled = balance.SampledRows(restored_counters)
         self._prefetcher: prefetch.DevicePrefetcher | None = None
         self._priorities: replay.PriorityUpdater | None = None
+        # Held while sampling starts or ends: `close` (the launcher's thread) then waits
+        # for an end that `run` (the node's thread) began, instead of returning while
+        # its sampling threads still talk to a replay about to stop.
+        self._sampling_lock = threading.Lock()
+        self._sampling_closed = False  # set by `close`: no step starts sampling again
         self._finished = threading.Event()
         self._run_error: BaseException | None = None
 
@@ -120,9 +125,13 @@ class ReplayLearnerNode(program.Worker):
 
     def _next_batch(self, timeout: float) -> tuple[np.ndarray, Any] | None:
         """The next (keys, device batch), sampling from the first call on; None after `timeout`."""
-        if self._prefetcher is None:
-            self._start_sampling()
-        return self._prefetcher.get(timeout)
+        with self._sampling_lock:
+            if self._prefetcher is None:
+                if self._sampling_closed:
+                    return None
+                self._start_sampling()
+            prefetcher = self._prefetcher
+        return prefetcher.get(timeout)
 
     def _account(self, keys: np.ndarray | None, priorities: Any) -> None:
         """Counts the rows as trained on and sends their new priorities (None: none to send).
@@ -133,15 +142,17 @@ class ReplayLearnerNode(program.Worker):
         if keys is None:
             return
         scale = self._sampled.count(keys)
-        if priorities is not None and self._priorities is not None:
-            self._priorities.submit(keys, priorities, scale)
+        updater = self._priorities  # `_end_sampling` may clear it meanwhile
+        if priorities is not None and updater is not None:
+            updater.submit(keys, priorities, scale)
 
     def _end_sampling(self) -> None:
         """`prefetch.end_sampling` of this node's; a later `step` starts sampling again.
-        Safe to call more than once."""
-        prefetcher, priorities = self._prefetcher, self._priorities
-        self._prefetcher = self._priorities = None
-        prefetch.end_sampling(prefetcher, priorities)
+        Safe to call more than once, from any thread: a call returns once sampling has ended."""
+        with self._sampling_lock:
+            prefetcher, priorities = self._prefetcher, self._priorities
+            self._prefetcher = self._priorities = None
+            prefetch.end_sampling(prefetcher, priorities)
 
     def set_sample_weights(self, weights: dict[int, float]) -> None:
         """Data balance ("downweight"): new priorities of actor i's items are multiplied by
@@ -225,4 +236,6 @@ class ReplayLearnerNode(program.Worker):
         Before the replay's servers stop: the launchers close a node before
         the nodes whose handles it holds.
         """
+        with self._sampling_lock:
+            self._sampling_closed = True
         self._end_sampling()

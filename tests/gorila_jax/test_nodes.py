@@ -2,6 +2,7 @@
 
 import dataclasses
 import functools
+import threading
 
 import numpy as np
 import pytest
@@ -89,6 +90,41 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
         learner_client.close()  # drains queued priority updates
         probabilities = next(replay.batches(address, table, batch_size=64)).probabilities
         assert np.ptp(probabilities) > 0, "priorities still all equal after 20 updates"
+
+
+_SAMPLING_THREADS = ("device-prefetch", "replay-shard-", "priority-updater")
+
+
+def _sampling_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(_SAMPLING_THREADS)]
+
+
+def test_a_learner_closed_while_it_steps_ends_its_sampling_before_close_returns():
+    """The launcher closes a learner from its own thread, before the replay stops: every
+    sampling thread must be gone when `close` returns, even with a step in flight, or
+    it is left talking to a stopped server for good."""
+    with launchers.launch(_program(actor_steps=0), "local") as running:
+        replay_client, learner_client = running.client("replay"), running.client("learner")
+        table = dqn.builder.TABLE
+        assert fakes.wait_until(lambda: replay_client.table_info()[table]["size"] >= 200, 120)
+        stepped, closed = threading.Event(), threading.Event()
+
+        def step_until_closed():
+            while not closed.is_set():
+                if learner_client.step(0.2):
+                    stepped.set()
+
+        stepper = threading.Thread(target=step_until_closed)
+        stepper.start()
+        try:
+            assert stepped.wait(120), "the learner never stepped"
+            learner_client.close()
+            assert _sampling_threads() == []
+            assert not learner_client.step(0.2), "a closed learner sampled again"
+            assert _sampling_threads() == []
+        finally:
+            closed.set()
+            stepper.join(60)
 
 
 def test_actor_stops_at_its_env_step_budget():
