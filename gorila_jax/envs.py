@@ -2,10 +2,12 @@
 
 import difflib
 import functools
+import math
 import warnings
 from typing import Any
 
 import envpool
+import gymnasium
 import numpy as np
 
 from gorila_jax import types
@@ -73,13 +75,98 @@ def game_signals(reward, terminated, truncated, info) -> tuple[np.ndarray, np.nd
     return raw_reward, game_terminated | truncated
 
 
+# Dict observations (dm_control's position, velocity, ...; robotics' goals)
+# reach agents as one array: every entry flattened to 1-D, in sorted key order,
+# concatenated, as float32. The one place that does it is `flatten_observations`.
+FLAT_DTYPE = "float32"
+
+
+def _dict_problem(space: gymnasium.spaces.Dict) -> str | None:
+    """Why `space`'s entries cannot be flattened into one array of numbers, or None.
+
+    Every entry must be a Box of numbers (float, int or bool). Refused: uint8
+    arrays (images, or text as bytes: MiniGrid's image and mission, Sokoban's
+    grid), other spaces (Discrete, MultiBinary, Text) and nested dicts.
+    """
+    if not space.spaces:
+        return "it has no entries"
+    for key, entry in space.spaces.items():
+        kind = type(entry).__name__
+        if hasattr(entry, "spaces"):
+            return f"{key!r} is a nested {kind.lower()}"
+        if not isinstance(entry, gymnasium.spaces.Box):
+            return f"{key!r} is a {kind} space"
+        dtype = np.dtype(entry.dtype)
+        if dtype == np.uint8:
+            return f"{key!r} is a uint8 Box {list(entry.shape)} (an image or text as bytes)"
+        if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
+            return f"{key!r} is a Box of {dtype.name}"
+    return None
+
+
+def _flat_shape(space: gymnasium.spaces.Dict) -> tuple[int]:
+    return (sum(math.prod(entry.shape) for entry in space.spaces.values()),)
+
+
+def flat_keys(space: gymnasium.spaces.Dict) -> list[str]:
+    """The order `flatten_observations` concatenates a dict space's entries in: sorted keys."""
+    return sorted(space.spaces)
+
+
+def flatten_observations(observations: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
+    """One float32 array [E, D] of a vector env's dict observations {key: [E, ...]}:
+    the entries of `keys` (`flat_keys` of the space), each flattened per env,
+    concatenated in that order."""
+    num_envs = len(observations[keys[0]])
+    parts = [np.asarray(observations[key]).reshape(num_envs, -1) for key in keys]
+    return np.concatenate(parts, axis=1, dtype=np.float32)
+
+
+class FlatDictObservations:
+    """An envpool vector env that observes a dict of numeric arrays, handing out
+    `flatten_observations` of them instead: `reset`, `step` and `recv` return one
+    float32 array [E, D]; everything else (`send`, `close`, `render`,
+    `action_space`, `config`, ...) is the envpool env's own.
+
+    `observation_space` is the flat single-env Box, unbounded: envpool's dm_control
+    bounds are [DBL_MIN, DBL_MAX], no real bounds.
+    """
+
+    def __init__(self, env: Any):
+        self.env = env
+        self.keys = flat_keys(env.observation_space)
+        shape = _flat_shape(env.observation_space)
+        self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, shape, np.float32)
+        self.single_observation_space = self.observation_space
+
+    def reset(self, *args: Any, **kwargs: Any) -> tuple[np.ndarray, dict]:
+        obs, info = self.env.reset(*args, **kwargs)
+        return flatten_observations(obs, self.keys), info
+
+    def step(self, *args: Any, **kwargs: Any) -> tuple:
+        obs, *rest = self.env.step(*args, **kwargs)
+        return flatten_observations(obs, self.keys), *rest
+
+    def recv(self, *args: Any, **kwargs: Any) -> tuple:
+        obs, *rest = self.env.recv(*args, **kwargs)
+        return flatten_observations(obs, self.keys), *rest
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("env", "keys"):  # not set yet (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
 def make_env(
     env_id: str, num_envs: int, seed: int, evaluation: bool = False, **env_kwargs: Any
 ) -> Any:
     """A gymnasium-API envpool vector env of `num_envs` copies, seeded with `seed`.
 
     Training envs (the default) and evaluation envs differ in their
-    preprocessing (see `preprocessing`); `env_kwargs` override both.
+    preprocessing (see `preprocessing`); `env_kwargs` override both. An env
+    that observes a dict of numeric arrays (dm_control) comes wrapped in a
+    `FlatDictObservations`, which hands out one float32 array [num_envs, D]
+    (see `flatten_observations`), the observations `env_spec` describes.
     envpool resets an env on the step *after* it ended: that step returns the
     first observation of the new episode with reward 0 and ignores the action.
     """
@@ -88,19 +175,34 @@ def make_env(
         raise ValueError(f"num_envs must be positive, got {num_envs}")
     _quiet_box_warnings()
     options = {**preprocessing(env_id, evaluation), **env_kwargs}
-    return envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
+    env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
+    space = env.observation_space
+    if isinstance(space, gymnasium.spaces.Dict) and _dict_problem(space) is None:
+        return FlatDictObservations(env)
+    return env
 
 
 def _space_problem(env_id: str, kind: str, space: Any) -> str | None:
     """Why agents here cannot take `space` as their `kind` ("observations"/"actions"), or None.
 
     Agents take one array of observations and one Discrete or flat Box of actions.
+    A dict of numeric Box observations counts as one array: its entries are
+    flattened and concatenated (`flatten_observations`).
     """
     name = type(space).__name__
     if hasattr(space, "spaces"):  # gymnasium's Dict and Tuple
         parts = space.spaces
         keys = ", ".join(map(str, parts.keys() if hasattr(parts, "keys") else range(len(parts))))
-        return f"{env_id} has {name.lower()} {kind} ({keys}); gorila-jax agents take one array"
+        refusal = f"{env_id} has {name.lower()} {kind} ({keys}); gorila-jax agents take one array"
+        if kind == "observations" and isinstance(space, gymnasium.spaces.Dict):
+            problem = _dict_problem(space)
+            if problem is None:
+                return None  # flattened: see `flatten_observations`
+            return (
+                f"{refusal} (they flatten a dict into one when every entry is a numeric Box; "
+                f"here {problem})"
+            )
+        return refusal
     if space.shape is None:
         return f"{env_id} has {name} {kind}; gorila-jax agents take one Box or Discrete array"
     if kind == "observations" and hasattr(space, "n"):
@@ -143,10 +245,15 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
     if any(problems):
         raise ValueError(next(problem for problem in problems if problem))
     discrete = hasattr(act_space, "n")
+    if isinstance(obs_space, gymnasium.spaces.Dict):  # flattened, as `make_env`'s envs hand it
+        observation_shape, observation_dtype = _flat_shape(obs_space), FLAT_DTYPE
+    else:
+        observation_shape = tuple(obs_space.shape)
+        observation_dtype = np.dtype(obs_space.dtype).name
     return types.EnvSpec(
         env_id=env_id,
-        observation_shape=tuple(obs_space.shape),
-        observation_dtype=np.dtype(obs_space.dtype).name,
+        observation_shape=observation_shape,
+        observation_dtype=observation_dtype,
         action_shape=() if discrete else tuple(act_space.shape),
         action_dtype="int32" if discrete else np.dtype(act_space.dtype).name,
         num_actions=int(act_space.n) if discrete else 0,

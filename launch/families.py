@@ -5,17 +5,26 @@
 preset of the envs it is like. A family is one of `FAMILIES`; `family`
 raises a ValueError that says why for an env no agent here can take.
 
+A dict of numeric Box observations comes here as the one flat float32 array
+`gorila_jax.envs` makes of it (its entries flattened and concatenated in
+sorted key order), so it is classified by its total size like any array.
+
 What envpool 1.2.5 ships, family by family (docs/presets.md has the table):
 Atari [4, 84, 84] uint8 + Discrete: "image"; classic control, LunarLander,
 highway's kinematics, toy_text's Catch and Blackjack, pgx's Backgammon and
-Chess: "vector_discrete"; Pendulum, MountainCarContinuous, InvertedPendulum:
-"small_continuous"; MuJoCo, BipedalWalker, LunarLanderContinuous,
-MetaWorld, MyoSuite, Adroit, Playground's one-array tasks: "continuous".
-Refused with the reason: dict observations (dm_control, MiniGrid, Jumanji,
-Fetch/HandReach, Parking), tabular state indices (FrozenLake, Taxi),
-channel-last images (CarRacing, gfootball), ViZDoom's unbounded button
-actions, and specs envpool cannot load or describe (Procgen without Qt,
-FingerSpin, Go).
+Chess: "vector_discrete"; Pendulum, MountainCarContinuous, InvertedPendulum,
+dm_control's PointMass (4 numbers flattened): "small_continuous"; MuJoCo,
+BipedalWalker, LunarLanderContinuous, MetaWorld, MyoSuite, Adroit,
+Playground, the other describable dm_control tasks (CartpoleBalance's 5
+numbers, CheetahRun's 17, ...), robotics' goal dicts (Fetch, Hand,
+PointMaze), highway's Parking and LaneKeeping: "continuous".
+Refused with the reason: dicts that do not flatten into numbers (MiniGrid's
+image and text, Jumanji's Discrete and MultiBinary entries, FrankaKitchen's
+nested dict), tabular state indices (FrozenLake, Taxi), channel-last images
+(CarRacing, gfootball), unbounded continuous actions (ViZDoom's buttons,
+dm_control's Lqr), and specs envpool cannot load or describe (Procgen
+without Qt; 20 dm_control tasks: Finger, Fish, Humanoid, Quadruped, Walker,
+PendulumSwingup; Go).
 """
 
 import math
@@ -41,7 +50,7 @@ FAMILIES = {
     "small_continuous": f"at most {SMALL_OBSERVATION_SIZE} numbers, continuous actions "
     "(Pendulum, MountainCarContinuous, InvertedPendulum)",
     "continuous": f"more than {SMALL_OBSERVATION_SIZE} numbers, continuous actions "
-    "(MuJoCo, BipedalWalker, LunarLanderContinuous, MetaWorld, MyoSuite)",
+    "(MuJoCo, dm_control, BipedalWalker, LunarLanderContinuous, MetaWorld, MyoSuite)",
 }
 # family -> the kind of actions its envs have.
 ACTIONS = {

@@ -29,6 +29,11 @@ EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "nu
         ("MetaWorld/Reach-v3", "continuous"),
         ("AdroitHandDoor-v1", "continuous"),  # mujoco.robotics
         ("SpotGetup-v1", "continuous"),  # mujoco.playground
+        # Dicts of float arrays, flattened (gorila_jax/envs.py): dm_control, robotics' goals.
+        ("CheetahRun-v1", "continuous"),  # mujoco.dmc: position 8 + velocity 9
+        ("CartpoleBalance-v1", "continuous"),  # position 3 + velocity 2
+        ("PointMassEasy-v1", "small_continuous"),  # position 2 + velocity 2
+        ("FetchReach-v4", "continuous"),  # observation 10 + achieved_goal 3 + desired_goal 3
     ],
 )
 def test_an_envs_family_follows_from_its_observations_and_actions(env_id, family):
@@ -43,9 +48,9 @@ def test_an_envs_family_follows_from_its_observations_and_actions(env_id, family
             "MiniGrid-Empty-5x5-v0 has dict observations (direction, image, mission); "
             "gorila-jax agents take one array",
         ),
-        ("CheetahRun-v1", "CheetahRun-v1 has dict observations (position, velocity)"),  # dmc
-        ("FetchReach-v4", "has dict observations (observation, achieved_goal, desired_goal)"),
+        # Dicts that do not flatten into numbers: an image, a nested dict.
         ("Sokoban-v0", "Sokoban-v0 has dict observations (grid, step_count)"),  # jumanji
+        ("FrankaKitchen-v1", "here 'desired_goal' is a nested dict"),  # robotics
         ("FrozenLake-v1", "observes one integer state out of 16 (a Discrete space, tabular)"),
         ("CarRacing-v3", "CarRacing-v3 has channel-last images [96, 96, 3]"),
         ("gfootball/academy_empty_goal-v1", "has channel-last images [72, 96, 4]"),
@@ -81,6 +86,8 @@ def test_an_env_no_agent_can_take_is_refused_saying_why(env_id, message):
         ("sac", "Hopper-v4", "mujoco"),
         ("ppo", "BipedalWalker-v3", "mujoco"),
         ("sac", "LunarLanderContinuous-v2", "mujoco"),
+        ("sac", "CartpoleBalance-v1", "mujoco"),  # dm_control, 5 numbers flattened
+        ("ppo", "CheetahRun-v1", "mujoco"),
     ],
 )
 def test_auto_gives_each_agent_its_preset_for_the_family(agent, env_id, preset):
@@ -109,6 +116,14 @@ def test_auto_gives_each_agent_its_preset_for_the_family(agent, env_id, preset):
             "ppo, sac",
         ),
         ("qrdqn", "HalfCheetah-v4", "cartpole", "agents that can: ppo, sac"),  # named too
+        (
+            "dqn",
+            "CartpoleBalance-v1",
+            "auto",
+            "DQN cannot act in CartpoleBalance-v1: it has shape (5,) float32 observations and "
+            "continuous actions of shape (1,); DQN takes discrete actions; agents that can: "
+            "ppo, sac",
+        ),
         ("sac", "Pong-v5", "mujoco", "agents that can: dqn, ppo, qrdqn"),
     ],
 )

@@ -218,5 +218,7 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
     assert _header_of(env_groups, "Pong-v5") == "atari | discrete actions: dqn, ppo, qrdqn"
     assert "dqn" not in _header_of(env_groups, "HalfCheetah-v4")  # nor qrdqn
     assert "no agent" in _header_of(env_groups, "FingerSpin-v1")  # envpool cannot describe it
+    # dm_control's dict observations, flattened.
+    assert _header_of(env_groups, "CheetahRun-v1") == "mujoco.dmc | continuous actions: ppo, sac"
     listed = [env_id for ids in env_groups.values() for env_id in ids]
     assert sorted(listed) == sorted(train.envpool.list_all_envs())
