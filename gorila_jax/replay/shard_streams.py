@@ -80,7 +80,12 @@ class _Puller(threading.Thread):
     def abandon(self) -> None:
         self._abandoned.set()
 
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned.is_set()
+
     def run(self) -> None:
+        samples = None
         try:
             if self._with_exponent:
                 self.exponent = _priority_exponent(self.address, self._table)
@@ -89,10 +94,17 @@ class _Puller(threading.Thread):
             )
             while self._put(next(samples)):
                 pass
+            return  # stopped or abandoned
         except StopIteration:
-            self._put(_ENDED)
+            last = _ENDED
         except BaseException as error:  # noqa: BLE001  handed to the sampler's thread
-            self._put(error)
+            last = error
+        finally:
+            # The dataset's Reverb samplers are released here, in this thread, before
+            # the end is announced: their teardown waits on in-flight samples, and
+            # one still running after the server stops never returns.
+            samples = None
+        self._put(last)
 
     def _put(self, item: Any) -> bool:
         while not (self._abandoned.is_set() or self._stop_event.is_set()):
@@ -131,8 +143,10 @@ class ShardStream:
         self._wait_s = settings["rate_limiter_timeout_ms"] / 1000
         self._probe_after_s = probe_after_s
         self._puller: _Puller | None = None
-        # Pullers left on a server the shard moved away from; `close` waits for them briefly.
-        self._abandoned: list[_Puller] = []
+        # Pullers replaced by a new one whose threads may still be ending: those whose
+        # dataset ended, and those left on a server the shard moved away from
+        # (`abandoned`). `close` waits for each, an abandoned one briefly.
+        self._previous: list[_Puller] = []
         self._waiting_since: float | None = None
         self._rows: collections.deque[Rows] = collections.deque()
         self._offset = 0  # rows of the oldest chunk already taken
@@ -164,7 +178,7 @@ class ShardStream:
                 return False
             self._waiting_since = None
             if item is _ENDED or isinstance(item, BaseException):
-                self._puller = None
+                self._retire_puller()
                 if item is _ENDED:
                     return False
                 raise item
@@ -189,7 +203,10 @@ class ShardStream:
             "replay shard moved from %s to %s; sampling there", self._puller.address, address
         )
         self._puller.abandon()  # its thread may stay blocked on the old server
-        self._abandoned = [p for p in self._abandoned if p.is_alive()] + [self._puller]
+        self._retire_puller()
+
+    def _retire_puller(self) -> None:
+        self._previous = [p for p in self._previous if p.is_alive()] + [self._puller]
         self._puller = None
 
     def close(self, deadline: float) -> None:
@@ -202,14 +219,14 @@ class ShardStream:
         costing CPU, and one that returns while the interpreter finalizes
         aborts the process (see `prefetch.DevicePrefetcher.close`).
         """
-        current = [self._puller] if self._puller is not None else []
-        abandoned = self._abandoned
-        self._puller, self._abandoned = None, []
-        for puller in current + abandoned:
+        pullers = self._previous + ([self._puller] if self._puller is not None else [])
+        self._puller, self._previous = None, []
+        on_a_server_left = [puller.abandoned for puller in pullers]
+        for puller in pullers:
             puller.abandon()
-        for puller in current + abandoned:
+        for puller, left in zip(pullers, on_a_server_left):
             remaining = max(0.0, deadline - time.monotonic())
-            if puller in abandoned:  # on a server that moved away and may never answer again
+            if left:  # on a server that moved away and may never answer again
                 remaining = min(remaining, self._wait_s + 2.0)
             puller.join(remaining)
             if puller.is_alive():

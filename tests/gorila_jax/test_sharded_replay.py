@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import itertools
 import os
+import threading
 import time
 
 import jax
@@ -149,6 +150,36 @@ def test_one_shard_gives_reverb_batches_unchanged(two_shards):
         total = np.sum(np.arange(1.0, 51.0) ** EXPONENT)
         np.testing.assert_allclose(batch.probabilities, row_priority**EXPONENT / total, 1e-9)
         np.testing.assert_array_equal(batch.table_size, 50)
+
+
+def _shard_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("replay-shard-")]
+
+
+def test_close_waits_for_the_datasets_that_ended_before_it():
+    """A shard's dataset ends each time the rate limiter holds samples back past its
+    timeout, and the next batch starts another: `close` must wait for the threads of
+    the ended ones too, or one still tearing down its dataset is left behind when the
+    server stops (a CI run left such a thread in two learning tests)."""
+    node = replay.ReplayNode(lambda: [_blocking_table()])
+    before = set(_shard_threads())
+    try:
+        _fill(node, 0, np.ones(5))  # below the table's minimum size: no sample comes
+        sampler = replay.ShardedSampler([node], TABLE, CODEC, rate_limiter_timeout_ms=100)
+        ended = 0
+        deadline = time.monotonic() + 120
+        while ended < 3 and time.monotonic() < deadline:
+            assert list(sampler.batches(4)) == []
+            ended += 1
+        sampler.close()
+        assert set(_shard_threads()) - before == set()
+    finally:
+        node.close()
+
+
+def _blocking_table():
+    limiter = reverb.rate_limiters.MinSize(1000)
+    return replay.prioritized_table(TABLE, 1000, EXPONENT, limiter, CODEC.signature())
 
 
 def test_uniform_and_queue_tables_sample_across_shards_too():
