@@ -47,7 +47,9 @@ def test_ppo_learns_to_balance_mujocos_inverted_pendulum(tmp_path):
 def test_dqn_learns_to_land_box2ds_lunar_lander(tmp_path):
     # box2d, discrete actions, the vector_discrete family (dqn's cartpole
     # preset). A random policy: -192 (std 116 per episode, so about 37 for a
-    # 10-episode mean). With this budget, 3 seeds of the sweep ended at 34, 127
-    # and 141 (docs/presets.md).
+    # 10-episode mean: -100 is 2.5 of those above it). With this budget, 3 seeds
+    # of the sweep ended at 34, 127 and 141 with the preset's earlier 256x256
+    # network; with its 128x128 one, seeds 0 and 1 at -11.6 and 51.1, and this
+    # test (seed 0) at -51.9 in a clean-clone CI run (docs/presets.md).
     summary = _final_return(tmp_path, "dqn", "LunarLander-v2", 50_000)
-    assert summary["final_eval_return"] >= -50, summary["evaluations"]
+    assert summary["final_eval_return"] >= -100, summary["evaluations"]

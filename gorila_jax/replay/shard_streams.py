@@ -85,7 +85,11 @@ class _Puller(threading.Thread):
         return self._abandoned.is_set()
 
     def run(self) -> None:
-        samples = None
+        # The end is announced before this thread tears its dataset down (when `run`
+        # returns): a new puller samples meanwhile. The teardown waits on the Reverb
+        # samplers' in-flight requests and has taken many seconds on a loaded machine;
+        # `ShardStream.close` waits for it, since one still running after the server
+        # stops never returns.
         try:
             if self._with_exponent:
                 self.exponent = _priority_exponent(self.address, self._table)
@@ -94,17 +98,10 @@ class _Puller(threading.Thread):
             )
             while self._put(next(samples)):
                 pass
-            return  # stopped or abandoned
         except StopIteration:
-            last = _ENDED
+            self._put(_ENDED)
         except BaseException as error:  # noqa: BLE001  handed to the sampler's thread
-            last = error
-        finally:
-            # The dataset's Reverb samplers are released here, in this thread, before
-            # the end is announced: their teardown waits on in-flight samples, and
-            # one still running after the server stops never returns.
-            samples = None
-        self._put(last)
+            self._put(error)
 
     def _put(self, item: Any) -> bool:
         while not (self._abandoned.is_set() or self._stop_event.is_set()):
