@@ -67,6 +67,11 @@ def wait_until(predicate, timeout_s: float) -> bool:
     return predicate()
 
 
+def threads_named(*prefixes: str) -> list[str]:
+    """Names of this process's live threads that start with one of `prefixes`."""
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefixes)]
+
+
 def make_counting_program(num_producers: int, limit: int = 0) -> program.Program:
     graph = program.Program("counting")
     with graph.group("counter", program.Resources(num_cpus=0)):

@@ -95,10 +95,6 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
 _SAMPLING_THREADS = ("device-prefetch", "replay-shard-", "priority-updater")
 
 
-def _sampling_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith(_SAMPLING_THREADS)]
-
-
 def test_a_learner_closed_while_it_steps_ends_its_sampling_before_close_returns():
     """The launcher closes a learner from its own thread, before the replay stops: every
     sampling thread must be gone when `close` returns, even with a step in flight, or
@@ -119,9 +115,9 @@ def test_a_learner_closed_while_it_steps_ends_its_sampling_before_close_returns(
         try:
             assert stepped.wait(120), "the learner never stepped"
             learner_client.close()
-            assert _sampling_threads() == []
+            assert fakes.threads_named(*_SAMPLING_THREADS) == []
             assert not learner_client.step(0.2), "a closed learner sampled again"
-            assert _sampling_threads() == []
+            assert fakes.threads_named(*_SAMPLING_THREADS) == []
         finally:
             closed.set()
             stepper.join(60)

@@ -4,7 +4,6 @@ import dataclasses
 import functools
 import itertools
 import os
-import threading
 import time
 
 import jax
@@ -22,6 +21,7 @@ from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import checkpoint, learner
 from gorila_jax.run import experiment
+from tests import fakes
 
 TABLE = "table"
 EXPONENT = 0.6
@@ -152,27 +152,20 @@ def test_one_shard_gives_reverb_batches_unchanged(two_shards):
         np.testing.assert_array_equal(batch.table_size, 50)
 
 
-def _shard_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("replay-shard-")]
-
-
 def test_close_waits_for_the_datasets_that_ended_before_it():
     """A shard's dataset ends each time the rate limiter holds samples back past its
     timeout, and the next batch starts another: `close` must wait for the threads of
     the ended ones too, or one still tearing down its dataset is left behind when the
     server stops (a CI run left such a thread in two learning tests)."""
     node = replay.ReplayNode(lambda: [_blocking_table()])
-    before = set(_shard_threads())
+    before = set(fakes.threads_named("replay-shard-"))
     try:
         _fill(node, 0, np.ones(5))  # below the table's minimum size: no sample comes
         sampler = replay.ShardedSampler([node], TABLE, CODEC, rate_limiter_timeout_ms=100)
-        ended = 0
-        deadline = time.monotonic() + 120
-        while ended < 3 and time.monotonic() < deadline:
+        for _ in range(3):  # each ends once the rate limiter held samples past the timeout
             assert list(sampler.batches(4)) == []
-            ended += 1
         sampler.close()
-        assert set(_shard_threads()) - before == set()
+        assert set(fakes.threads_named("replay-shard-")) - before == set()
     finally:
         node.close()
 
