@@ -261,3 +261,35 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
         action_high=() if discrete else tuple(float(x) for x in act_space.high),
         max_episode_steps=int(spec.config.max_episode_steps),
     )
+
+
+@functools.lru_cache(maxsize=8)
+def random_policy_absmax(
+    env_id: str, num_steps: int = 2048, num_envs: int = 8, seed: int = 0
+) -> np.ndarray:
+    """Each observation feature's largest magnitude over `num_steps` env steps of a uniform
+    random policy, float32 [*observation_shape].
+
+    Seeded (the env and the actions), so every process that asks gets the same
+    answer: what a float8 replay's per-feature scale is fixed from
+    (gorila_jax/replay/compact.py).
+    """
+    spec = env_spec(env_id)
+    env = make_env(env_id, num_envs, seed)
+    rng = np.random.default_rng(seed)
+    try:
+        observations, _ = env.reset()
+        absmax = np.abs(np.asarray(observations, np.float32)).max(axis=0)
+        for _ in range(max(1, num_steps // num_envs)):
+            if spec.discrete:
+                actions = rng.integers(0, spec.num_actions, num_envs, dtype=np.int32)
+            else:
+                low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+                actions = rng.uniform(low, high, (num_envs, *spec.action_shape))
+                actions = actions.astype(spec.action_dtype)
+            observations = env.step(actions)[0]
+            absmax = np.maximum(absmax, np.abs(np.asarray(observations, np.float32)).max(axis=0))
+    finally:
+        env.close()
+    absmax.setflags(write=False)  # cached: shared by every caller
+    return absmax

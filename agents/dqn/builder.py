@@ -57,10 +57,8 @@ class DQNBuilder:
         )
 
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
-        one = spec.zeros_observation(1)[0]
-        return replay.ItemCodec(
-            types.Transition(one, np.int32(0), np.float32(0), np.float32(0), one)
-        )
+        storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
+        return replay.transition_codec(spec.zeros_observation(1)[0], np.int32(0), storage)
 
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config

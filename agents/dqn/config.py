@@ -2,13 +2,14 @@
 
 import dataclasses
 
-from gorila_jax import config_checks
+from gorila_jax import config_checks, replay
 
 CHOICES = {
     "torso": ("auto", "mlp", "nature", "impala"),
     "clip_mode": ("global", "layer"),
     "precision": ("fp32", "bf16", "fp16"),
     "actor_params_dtype": ("float32", "bfloat16"),
+    "replay_obs_dtype": tuple(replay.STORAGE_DTYPES),
 }
 
 
@@ -48,6 +49,10 @@ class DQNConfig:
       loss_scale_period: fp16 doubles the scale after this many finite steps.
       actor_params_dtype: "float32" or "bfloat16": the dtype parameters travel
         to actors in (bfloat16 halves the bytes; acting tolerates it).
+      replay_obs_dtype: how replay stores float observations: "float32" (as
+        they are), "bfloat16" (2 bytes a number) or "float8_e4m3" (1 byte, with a
+        per-feature scale fixed from a random policy's observations); the
+        learner decodes them on its device (gorila_jax/replay/compact.py).
       huber_delta: the Huber loss's quadratic-to-linear point.
       batch_size: global batch, split evenly over learner devices; the first
         size when the batch grows.
@@ -93,6 +98,7 @@ class DQNConfig:
     loss_scale_init: float = 256.0
     loss_scale_period: int = 2000
     actor_params_dtype: str = "float32"
+    replay_obs_dtype: str = "float32"
     huber_delta: float = 1.0
     batch_size: int = 512
     batch_size_max: int = 0

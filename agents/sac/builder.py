@@ -61,7 +61,8 @@ class SACBuilder:
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         obs = np.zeros(spec.observation_shape, _stored_dtype(spec.observation_dtype))
         action = np.zeros(spec.action_shape, np.float32)
-        return replay.ItemCodec(types.Transition(obs, action, np.float32(0), np.float32(0), obs))
+        storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
+        return replay.transition_codec(obs, action, storage)
 
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config

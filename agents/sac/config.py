@@ -2,11 +2,12 @@
 
 import dataclasses
 
-from gorila_jax import config_checks
+from gorila_jax import config_checks, replay
 
 CHOICES = {
     "precision": ("fp32", "bf16"),
     "actor_params_dtype": ("float32", "bfloat16"),
+    "replay_obs_dtype": tuple(replay.STORAGE_DTYPES),
 }
 
 # Polyak steps every this many learner steps on one machine: TD3's delayed
@@ -56,6 +57,10 @@ class SACConfig:
         bfloat16 activations and matmuls; log-probs and losses stay float32).
       actor_params_dtype: "float32" or "bfloat16": the dtype the policy
         parameters travel to actors in.
+      replay_obs_dtype: how replay stores float observations: "float32" (as
+        they are), "bfloat16" (2 bytes a number) or "float8_e4m3" (1 byte, with a
+        per-feature scale fixed from a random policy's observations); the
+        learner decodes them on its device (gorila_jax/replay/compact.py).
     """
 
     hidden_sizes: tuple[int, ...] = (256, 256)
@@ -78,6 +83,7 @@ class SACConfig:
     random_steps: int = 5_000
     precision: str = "fp32"
     actor_params_dtype: str = "float32"
+    replay_obs_dtype: str = "float32"
 
     def target_entropy(self, action_dim: int) -> float:
         """The entropy the temperature steers the policy towards: -|A| by default."""

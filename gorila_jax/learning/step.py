@@ -145,8 +145,12 @@ def make_step(
     if updates > 1 and gradient_worker:
         raise ValueError("a Gorila gradient worker pushes one gradient per call (updates=1)")
     update_fns = builder.update_fns(spec)
+    # Observations replay keeps in bfloat16 or float8 become float32 here, on the
+    # device, so that only the compact bytes cross from the host.
+    expand = builder.item_codec(spec).expand
 
     def step(state, guard: NumericGuard, batch: builder_lib.SampledBatch):
+        batch = batch._replace(data=expand(batch.data))
         new, grads, info, finite = _update(update_fns, state, batch, gradient_worker)
         if not gradient_worker:
             new = scale_trainable(builder, state, new, guard.lr_scale)

@@ -6,7 +6,8 @@ this package imports `gorila_jax.replay` only, never its modules, so that
 another backend (a tiered store, for example) can sit behind these names.
 """
 
-from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec
+from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
+from gorila_jax.replay.compact import STORAGE_DTYPES, CompactFloats, observation_storage
 from gorila_jax.replay.sampling import (
     CONNECTION_ERRORS,
     Batch,
@@ -43,9 +44,11 @@ __all__ = [
     "CONNECTION_ERRORS",
     "NEWEST",
     "SOURCE_BYTES",
+    "STORAGE_DTYPES",
     "UNKNOWN_SOURCE",
     "Batch",
     "CheckpointDamaged",
+    "CompactFloats",
     "IncompatibleCheckpoint",
     "ItemCodec",
     "NStepAccumulator",
@@ -64,6 +67,7 @@ __all__ = [
     "batches",
     "check_checkpoint",
     "newest_intact_checkpoint",
+    "observation_storage",
     "prioritized_table",
     "queue_table",
     "rate_limiter",
@@ -71,5 +75,6 @@ __all__ = [
     "sample_stream",
     "shard_tables",
     "trajectory_example",
+    "transition_codec",
     "uniform_table",
 ]

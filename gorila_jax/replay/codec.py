@@ -1,5 +1,7 @@
 """How replay items are packed: every item one uint8 vector with its source actor."""
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 import tree
@@ -29,16 +31,32 @@ class ItemCodec:
     dominant actor's items; agents never see it (`decode` drops it). It
     rides inside the one column, so it costs no extra Reverb column.
 
+    Float leaves may be stored compactly (`compact`: bfloat16 or float8, see
+    gorila_jax/replay/compact.py): `encode` converts them, `decode` hands them
+    out in their storage dtype, and `expand`, run inside the learner's jitted
+    step, turns them back into float32 on the device.
+
     Args:
       example: one item, without a batch axis (e.g. a `types.Transition`).
+      compact: None, or `example`'s structure with a `compact.CompactFloats`
+        where a leaf is stored compactly and None where it is kept as it is.
     """
 
-    def __init__(self, example: types.PyTree):
+    def __init__(self, example: types.PyTree, compact: types.PyTree | None = None):
         leaves = [np.asarray(x) for x in tree.flatten(example)]
+        self._compact: list[Any] = [None] * len(leaves)
+        if compact is not None:
+            tree.assert_same_structure(example, compact)
+            self._compact = tree.flatten(compact)
         self._structure = example
         self._shapes = [leaf.shape for leaf in leaves]
-        self._dtypes = [leaf.dtype for leaf in leaves]
-        sizes = [leaf.nbytes for leaf in leaves]
+        self._dtypes = [
+            leaf.dtype if how is None else how.storage_dtype
+            for leaf, how in zip(leaves, self._compact)
+        ]
+        sizes = [
+            int(np.prod(shape)) * dtype.itemsize for shape, dtype in zip(self._shapes, self._dtypes)
+        ]
         self._bounds = np.cumsum([0, *sizes]).tolist()
         self.payload_bytes = self._bounds[-1]  # the item's own data, without the trailer
         self.num_bytes = self.payload_bytes + SOURCE_BYTES  # one packed item
@@ -57,8 +75,10 @@ class ItemCodec:
         leaves = tree.flatten(batch)
         count = len(leaves[0])
         parts = [
-            np.ascontiguousarray(leaf, dtype).reshape(count, -1).view(np.uint8)
-            for leaf, dtype in zip(leaves, self._dtypes)
+            np.ascontiguousarray(leaf if how is None else how.encode(leaf), dtype)
+            .reshape(count, -1)
+            .view(np.uint8)
+            for leaf, dtype, how in zip(leaves, self._dtypes, self._compact)
         ]
         sources = np.broadcast_to(np.asarray(source, _SOURCE_DTYPE), (count,))
         parts.append(np.ascontiguousarray(sources).reshape(count, 1).view(np.uint8))
@@ -108,6 +128,17 @@ class ItemCodec:
         ]
         return tree.unflatten_as(self._structure, leaves)
 
+    def expand(self, data: types.PyTree) -> types.PyTree:
+        """`decode`'s leaves (numpy, or jax arrays inside a jitted step) with the compact ones
+        back in float32; the rest as they are. The identity for a codec without compact leaves."""
+        if not any(self._compact):
+            return data
+        leaves = [
+            leaf if how is None else how.decode(leaf)
+            for leaf, how in zip(tree.flatten(data), self._compact)
+        ]
+        return tree.unflatten_as(self._structure, leaves)
+
     def sources(self, packed: np.ndarray, table: str | None = None) -> np.ndarray:
         """[B, num_bytes] uint8 -> [B] int32, the actor that wrote each item.
 
@@ -117,3 +148,16 @@ class ItemCodec:
         packed = self._check(packed, table)
         trailer = np.ascontiguousarray(packed[:, self.payload_bytes :])
         return trailer.view(_SOURCE_DTYPE).reshape(-1)
+
+
+def transition_codec(
+    observation: np.ndarray, action: Any, storage: types.PyTree | None = None
+) -> ItemCodec:
+    """The codec of one `types.Transition` with these example observation and action (no
+    batch axis), both observations stored as `storage` says (a `compact.CompactFloats`,
+    or None: as they are)."""
+    zero = np.float32(0)
+    return ItemCodec(
+        types.Transition(observation, action, zero, zero, observation),
+        compact=None if storage is None else types.Transition(storage, None, None, None, storage),
+    )
