@@ -40,22 +40,13 @@ def _transitions(spec: types.EnvSpec, count: int) -> types.Transition:
     rng = np.random.default_rng(1)
     rows, obs = [], np.asarray(env.reset()[0], np.float32)
     while sum(len(r) for r in rows) < count + 1:
-        if spec.discrete:
-            action = rng.integers(0, spec.num_actions, 16).astype(np.int32)
-        else:
-            low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-            action = rng.uniform(low, high, (16, *spec.action_shape)).astype(np.float32)
         rows.append(obs)
-        obs = np.asarray(env.step(action)[0], np.float32)
+        obs = np.asarray(env.step(envs.uniform_random_actions(spec, rng, 16))[0], np.float32)
     env.close()
     observations = np.concatenate(rows)[: count + 1]
-    if spec.discrete:
-        actions = rng.integers(0, spec.num_actions, count).astype(np.int32)
-    else:
-        actions = rng.uniform(-1, 1, (count, *spec.action_shape)).astype(np.float32)
     return types.Transition(
         observations[:-1],
-        actions,
+        envs.uniform_random_actions(spec, rng, count),
         rng.normal(size=count).astype(np.float32),
         np.full(count, 0.99, np.float32),
         observations[1:],

@@ -263,6 +263,14 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
     )
 
 
+def uniform_random_actions(spec: types.EnvSpec, rng: np.random.Generator, count: int):
+    """`count` actions drawn uniformly from `spec`'s action space (a random policy's)."""
+    if spec.discrete:
+        return rng.integers(0, spec.num_actions, count, dtype=np.int32)
+    low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
+    return rng.uniform(low, high, (count, *spec.action_shape)).astype(spec.action_dtype)
+
+
 @functools.lru_cache(maxsize=8)
 def random_policy_absmax(
     env_id: str, num_steps: int = 2048, num_envs: int = 8, seed: int = 0
@@ -281,13 +289,7 @@ def random_policy_absmax(
         observations, _ = env.reset()
         absmax = np.abs(np.asarray(observations, np.float32)).max(axis=0)
         for _ in range(max(1, num_steps // num_envs)):
-            if spec.discrete:
-                actions = rng.integers(0, spec.num_actions, num_envs, dtype=np.int32)
-            else:
-                low, high = np.asarray(spec.action_low), np.asarray(spec.action_high)
-                actions = rng.uniform(low, high, (num_envs, *spec.action_shape))
-                actions = actions.astype(spec.action_dtype)
-            observations = env.step(actions)[0]
+            observations = env.step(uniform_random_actions(spec, rng, num_envs))[0]
             absmax = np.maximum(absmax, np.abs(np.asarray(observations, np.float32)).max(axis=0))
     finally:
         env.close()
