@@ -30,6 +30,7 @@ STORAGE_DTYPES = {
 # How many times a random policy's largest magnitude a feature may reach before it saturates.
 FLOAT8_HEADROOM = 32.0
 _MANTISSA_BITS = {"bfloat16": 7, "float8_e4m3": 3}
+_FLOAT8_MAX = float(ml_dtypes.finfo(STORAGE_DTYPES["float8_e4m3"]).max)  # 448
 
 
 def check_storage_dtype(name: str) -> None:
@@ -70,8 +71,7 @@ class CompactFloats:
         """Host values -> storage dtype; float8 saturates at +-`largest` (a cast gives NaN)."""
         scaled = np.asarray(values, np.float32) / self.scale
         if self.dtype_name == "float8_e4m3":
-            limit = float(ml_dtypes.finfo(self.storage_dtype).max)
-            scaled = np.clip(scaled, -limit, limit)
+            scaled = np.clip(scaled, -_FLOAT8_MAX, _FLOAT8_MAX)
         return scaled.astype(self.storage_dtype)
 
     def decode(self, stored):
@@ -93,8 +93,7 @@ def float8_scale(absmax: np.ndarray) -> np.ndarray:
     """
     absmax = np.asarray(absmax, np.float32)
     absmax = np.where(np.isfinite(absmax) & (absmax > 0), absmax, 1.0)
-    limit = float(ml_dtypes.finfo(STORAGE_DTYPES["float8_e4m3"]).max)
-    return (absmax * FLOAT8_HEADROOM / limit).astype(np.float32)
+    return (absmax * FLOAT8_HEADROOM / _FLOAT8_MAX).astype(np.float32)
 
 
 def observation_storage(dtype_name: str, spec: types.EnvSpec) -> CompactFloats | None:
