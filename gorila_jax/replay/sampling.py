@@ -106,7 +106,13 @@ def sample_stream(
         rate_limiter_timeout_ms=rate_limiter_timeout_ms,
     )
     dataset = dataset.batch(batch_size, drop_remainder=True).prefetch(prefetch)
-    return dataset.as_numpy_iterator()
+    # No tf.data autotuning: nothing here is AUTOTUNE, and its model thread sleeps up to
+    # 60 s between optimizations without waking for the iterator's cancellation, so
+    # freeing the iterator waited up to that long (gdb under load: ~LogicalThreadWrapper
+    # on `Model::OptimizeLoop`); the thread left waiting outlived the replay server.
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return dataset.with_options(options).as_numpy_iterator()
 
 
 class PriorityUpdater:

@@ -10,8 +10,10 @@ import collections
 import logging
 import math
 import queue
+import sys
 import threading
 import time
+import traceback
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -227,8 +229,11 @@ class ShardStream:
                 remaining = min(remaining, self._wait_s + 2.0)
             puller.join(remaining)
             if puller.is_alive():
+                frame = sys._current_frames().get(puller.ident)
                 logging.warning(
-                    "replay shard %s: sampling thread still running after close", puller.address
+                    "replay shard %s: sampling thread still running after close, in:\n%s",
+                    puller.address,
+                    "".join(traceback.format_stack(frame)) if frame else "(no Python frame)",
                 )
 
     def _update_mass(self, info: Any, exponent: float | None) -> None:
