@@ -154,6 +154,10 @@ class AgentBuilder(Protocol):
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         """How one item of the sampled table is packed (actors) and unpacked (learner)."""
 
+    def duplicate_counter(self) -> replay.DuplicateCounter | None:
+        """What adds eps * sqrt(N) to the new priority of a transition N actors wrote
+        (duplicate-aware priority); None: off, as for every agent without priorities."""
+
     def replay_tables(self, spec: types.EnvSpec) -> Sequence[reverb.Table]: ...
 
     def make_adder(

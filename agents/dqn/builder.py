@@ -60,6 +60,12 @@ class DQNBuilder:
         storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
         return replay.transition_codec(spec.zeros_observation(1)[0], np.int32(0), storage)
 
+    def duplicate_counter(self) -> replay.DuplicateCounter | None:
+        cfg = self.config
+        if not cfg.priority_duplicate_bonus:
+            return None
+        return replay.DuplicateCounter(cfg.priority_duplicate_bonus, cfg.max_replay_size)
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
         largest_batch = max(size for _, size in self.batch_schedule)

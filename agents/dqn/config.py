@@ -72,6 +72,10 @@ class DQNConfig:
       importance_exponent_anneal_steps: learner steps over which beta reaches 1.
       priority_epsilon: added to |TD error| so no item's priority is 0.
       initial_priority: priority of newly written items.
+      priority_duplicate_bonus: eps of the duplicate-aware priority |TD error| + eps * sqrt(N),
+        N the actors that wrote the same transition (`replay.DuplicateCounter`, brief 2.2);
+        0 (the default) leaves priorities as they are. It lifts the transitions several
+        actors found: those of deterministic envs with actors on the same seed.
       epsilon_start: exploration epsilon at an actor's first env step.
       epsilon_end: epsilon after `epsilon_decay_steps` env steps of that actor.
       epsilon_decay_steps: env steps of one actor over which epsilon falls linearly.
@@ -113,6 +117,7 @@ class DQNConfig:
     importance_exponent_anneal_steps: int = 1_000_000
     priority_epsilon: float = 1e-6
     initial_priority: float = 1.0
+    priority_duplicate_bonus: float = 0.0
     epsilon_start: float = 1.0
     epsilon_end: float = 0.1
     epsilon_decay_steps: int = 1_000_000
@@ -144,6 +149,7 @@ class DQNConfig:
                 "loss_scale_period",
                 "batch_growth_steps",
             ),
+            non_negative=("priority_duplicate_bonus",),
             unit_interval=(
                 "discount",
                 "epsilon_start",

@@ -68,6 +68,9 @@ class PPOBuilder:
         )
         return replay.ItemCodec(example)
 
+    def duplicate_counter(self) -> None:
+        return None  # a FIFO queue: no priorities
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         capacity = self.config.queue_batches * self.config.global_batch_size
         return [replay.queue_table(TABLE, capacity, self.item_codec(spec).signature())]

@@ -64,6 +64,9 @@ class SACBuilder:
         storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
         return replay.transition_codec(obs, action, storage)
 
+    def duplicate_counter(self) -> None:
+        return None  # a uniform table: no priorities
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
         rows = cfg.batch_size * cfg.updates_per_dispatch  # what one sample call takes

@@ -155,15 +155,17 @@ def sampler(
     table: str,
     codec: replay.ItemCodec,
     stop_event: threading.Event,
+    content_hashes: bool = False,
 ) -> replay.ShardedSampler:
     """The sampler of batches across every replay shard, as `DevicePrefetcher` takes it.
 
     Each shard's address is asked of its node whenever its dataset is
     (re)built, so a shard restarted at another address is sampled again.
     The shards' sampling threads end once `stop_event` is set, and are
-    joined when the prefetcher that drives the sampler closes.
+    joined when the prefetcher that drives the sampler closes. With
+    `content_hashes`, batches carry their items' content hashes.
     """
-    return replay_shards.sampler(table, codec, stop_event)
+    return replay_shards.sampler(table, codec, stop_event, content_hashes)
 
 
 def end_sampling(

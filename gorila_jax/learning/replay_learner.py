@@ -68,6 +68,7 @@ class ReplayLearnerNode(program.Worker):
             )
         self._last_checkpoint_step = 0
         self._sampled = balance.SampledRows(restored_counters)
+        self._duplicates = builder.duplicate_counter()
         self._prefetcher: prefetch.DevicePrefetcher | None = None
         self._priorities: replay.PriorityUpdater | None = None
         # Held while sampling starts or ends: `close` (the launcher's thread) then waits
@@ -116,7 +117,11 @@ class ReplayLearnerNode(program.Worker):
 
     def _start_sampling(self) -> None:
         make_batches = prefetch.sampler(
-            self._replay, self._builder.sample_table, self._codec, self._stop_event
+            self._replay,
+            self._builder.sample_table,
+            self._codec,
+            self._stop_event,
+            content_hashes=self._duplicates is not None,
         )
         self._prefetcher = prefetch.DevicePrefetcher(
             make_batches, self._rows_to_sample, self._devices, self._stop_event
@@ -142,9 +147,12 @@ class ReplayLearnerNode(program.Worker):
         if keys is None:
             return
         scale = self._sampled.count(keys)
+        bonus = None
+        if self._duplicates is not None:
+            bonus = self._duplicates.bonus(keys.hashes, keys.sources)
         updater = self._priorities  # `_end_sampling` may clear it meanwhile
         if priorities is not None and updater is not None:
-            updater.submit(keys, priorities, scale)
+            updater.submit(keys, priorities, scale, bonus)
 
     def _end_sampling(self) -> None:
         """`prefetch.end_sampling` of this node's; a later `step` starts sampling again.

@@ -8,6 +8,7 @@ another backend (a tiered store, for example) can sit behind these names.
 
 from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
 from gorila_jax.replay.compact import STORAGE_DTYPES, CompactFloats, observation_storage
+from gorila_jax.replay.duplicates import DuplicateCounter
 from gorila_jax.replay.sampling import (
     CONNECTION_ERRORS,
     Batch,
@@ -49,6 +50,7 @@ __all__ = [
     "Batch",
     "CheckpointDamaged",
     "CompactFloats",
+    "DuplicateCounter",
     "IncompatibleCheckpoint",
     "ItemCodec",
     "NStepAccumulator",

@@ -1,5 +1,6 @@
 """How replay items are packed: every item one uint8 vector with its source actor."""
 
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -148,6 +149,23 @@ class ItemCodec:
         packed = self._check(packed, table)
         trailer = np.ascontiguousarray(packed[:, self.payload_bytes :])
         return trailer.view(_SOURCE_DTYPE).reshape(-1)
+
+    def content_hashes(self, packed: np.ndarray, table: str | None = None) -> np.ndarray:
+        """[B, num_bytes] uint8 -> [B] uint64, a hash of each item's content (the source
+        trailer left out): two actors' copies of one transition hash alike.
+
+        BLAKE2b, 8 bytes: about 1e-19 chance that two distinct items share a hash.
+        About 0.5 us a row for CartPole items and 54 us for Atari's 56 KB ones on
+        this 2-core machine (bench/duplicate_priority.py).
+
+        Raises:
+          ValueError: as `decode`.
+        """
+        payloads = np.ascontiguousarray(self._check(packed, table)[:, : self.payload_bytes])
+        digests = b"".join(
+            hashlib.blake2b(row.tobytes(), digest_size=8).digest() for row in payloads
+        )
+        return np.frombuffer(digests, np.uint64).copy()
 
 
 def transition_codec(

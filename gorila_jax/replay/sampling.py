@@ -28,6 +28,8 @@ class Batch(NamedTuple):
     shards: np.ndarray | None = None
     # [B] int32 the actor that wrote each item (`ItemCodec.sources`); None: items not packed.
     sources: np.ndarray | None = None
+    # [B] uint64 a hash of each item's content (`ItemCodec.content_hashes`); None: not asked.
+    hashes: np.ndarray | None = None
 
 
 class SampledKeys(NamedTuple):
@@ -42,6 +44,7 @@ class SampledKeys(NamedTuple):
     keys: np.ndarray  # [B] uint64
     shards: np.ndarray | None = None  # [B] int32; None: one replay
     sources: np.ndarray | None = None  # [B] int32 source actors; None: unknown
+    hashes: np.ndarray | None = None  # [B] uint64 content hashes; None: not sampled with them
 
     @property
     def size(self) -> int:
@@ -51,11 +54,13 @@ class SampledKeys(NamedTuple):
 
 def row_keys(batch: Batch, with_sources: bool = False) -> np.ndarray | SampledKeys:
     """What identifies the batch's items for a priority update: their keys, their shards
-    when the replay is sharded and, `with_sources`, the actor that wrote each item."""
+    when the replay is sharded and, `with_sources`, the actor that wrote each item and
+    the hash of its content (if sampled with them)."""
     sources = batch.sources if with_sources else None
-    if batch.shards is None and sources is None:
+    hashes = batch.hashes if with_sources else None
+    if batch.shards is None and sources is None and hashes is None:
         return batch.keys
-    return SampledKeys(batch.keys, batch.shards, sources)
+    return SampledKeys(batch.keys, batch.shards, sources, hashes)
 
 
 def batches(
@@ -147,6 +152,7 @@ class PriorityUpdater:
         keys: np.ndarray | SampledKeys,
         priorities: Any,
         scale: np.ndarray | None = None,
+        bonus: np.ndarray | None = None,
     ) -> None:
         """Queues new priorities for the sampled items `keys` (a key array: a single replay).
 
@@ -155,8 +161,10 @@ class PriorityUpdater:
           priorities: [B] new priorities, possibly still computing on a device.
           scale: [B] host factors the priorities are multiplied by once they
             are on the host (a dominant actor's items: `balance.SampledRows`).
+          bonus: [B] host terms added to the priorities before `scale` (duplicate
+            transitions: `replay.DuplicateCounter`).
         """
-        self._queue.put((keys, priorities, scale))
+        self._queue.put((keys, priorities, scale, bonus))
 
     def _loop(self) -> None:
         while (work := self._queue.get()) is not None:
@@ -165,12 +173,16 @@ class PriorityUpdater:
             except Exception:  # noqa: BLE001  the thread must live on: `close` waits for it
                 logging.exception("priority update to table %s failed", self._table)
 
-    def _update(self, keys: np.ndarray | SampledKeys, priorities: Any, scale: Any) -> None:
+    def _update(
+        self, keys: np.ndarray | SampledKeys, priorities: Any, scale: Any, bonus: Any
+    ) -> None:
         shards = None
         if isinstance(keys, SampledKeys):
             keys, shards = keys.keys, keys.shards
             shards = None if shards is None else shards.reshape(-1)
         priorities = np.asarray(priorities, np.float64).reshape(-1)
+        if bonus is not None:
+            priorities = priorities + np.asarray(bonus, np.float64).reshape(-1)
         if scale is not None:
             priorities = priorities * np.asarray(scale, np.float64).reshape(-1)
         keys = keys.reshape(-1)

@@ -92,9 +92,13 @@ class ReplayShards:
         return len(self.nodes)
 
     def sampler(
-        self, table: str, codec: codec.ItemCodec | None, stop: threading.Event | None = None
+        self,
+        table: str,
+        codec: codec.ItemCodec | None,
+        stop: threading.Event | None = None,
+        content_hashes: bool = False,
     ) -> "ShardedSampler":
-        return ShardedSampler(self.nodes, table, codec, stop=stop)
+        return ShardedSampler(self.nodes, table, codec, stop=stop, content_hashes=content_hashes)
 
     def priority_updater(self, table: str) -> sampling.PriorityUpdater:
         """Sends priorities to the shard of each item, at the address each serves at now."""
@@ -161,6 +165,8 @@ class ShardedSampler:
       probe_after_s: see above.
       prefetch, rate_limiter_timeout_ms, num_workers: each shard's dataset's,
         as for `sampling.batches`.
+      content_hashes: each batch carries its items' content hashes
+        (`sampling.Batch.hashes`; needs `codec`).
     """
 
     def __init__(
@@ -174,8 +180,12 @@ class ShardedSampler:
         prefetch: int = 4,
         rate_limiter_timeout_ms: int = 1000,
         num_workers: int = 2,
+        content_hashes: bool = False,
     ):
+        if content_hashes and codec is None:
+            raise ValueError("content hashes need packed items: give the sampler their codec")
         self._nodes, self._table, self._codec = list(nodes), table, codec
+        self._content_hashes = content_hashes
         self._stop = stop or threading.Event()
         self._probe_after_s = probe_after_s
         self._settings = dict(
@@ -262,9 +272,12 @@ class ShardedSampler:
         )
         data = rows.data if self._codec is None else self._codec.decode(rows.data, self._table)
         sources = None if self._codec is None else self._codec.sources(rows.data, self._table)
+        hashes = None
+        if self._content_hashes:
+            hashes = self._codec.content_hashes(rows.data, self._table)
         if self.num_shards == 1:  # Reverb's probabilities and sizes are the replay's own
             return sampling.Batch(
-                rows.keys, rows.probabilities, rows.table_size, data, sources=sources
+                rows.keys, rows.probabilities, rows.table_size, data, sources=sources, hashes=hashes
             )
         shards = np.repeat(np.arange(self.num_shards, dtype=np.int32), counts)
         masses = self._masses()
@@ -276,4 +289,5 @@ class ShardedSampler:
             data=data,
             shards=shards,
             sources=sources,
+            hashes=hashes,
         )

@@ -53,6 +53,7 @@ def test_the_contract_is_what_the_skeleton_calls():
         "validate",
         "item_codec",
         "replay_tables",
+        "duplicate_counter",
         "make_adder",
         "init_train_state",
         "update_fns",
