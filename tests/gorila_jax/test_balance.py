@@ -296,7 +296,8 @@ def test_downweighting_needs_a_prioritized_table(tmp_path):
         wiring.make_program(ppo.PPOBuilder(ppo.PPOConfig()), cfg, cartpole)
 
 
-def _transitions(count: int, seed: int):
+def random_transitions(count: int, seed: int) -> types.Transition:
+    """CartPole-shaped transitions of random values."""
     rng = np.random.default_rng(seed)
     return types.Transition(
         observation=rng.normal(size=(count, 4)).astype(np.float32),
@@ -312,23 +313,31 @@ def _share_of_actor_1(before: dict, after: dict) -> float:
     return rows["sampled/actor/1"] / (rows["sampled/actor/1"] + rows["sampled/actor/0"])
 
 
-def test_downweighting_lowers_the_dominant_actors_share_of_what_the_learner_samples():
-    # A real learner on a real prioritized table (DQN's, without a rate limiter that
-    # would hold samples back without new inserts): 90 % of the items are actor 1's.
+def learner_on_a_dqn_table(
+    config: dqn.DQNConfig,
+) -> tuple[replay.ReplayNode, learner.LearnerNode, replay.ItemCodec]:
+    """A real learner on DQN's real prioritized table for CartPole, without the rate
+    limiter (which would hold samples back with no new inserts); and the items' codec."""
     spec = envs.env_spec("CartPole-v1")
-    builder = dqn.DQNBuilder(CONFIG)
+    builder = dqn.DQNBuilder(config)
     codec = builder.item_codec(spec)
 
     def table():
         limiter = reverb.rate_limiters.MinSize(1)
         return [
             replay.prioritized_table(
-                builder.sample_table, 5000, CONFIG.priority_exponent, limiter, codec.signature()
+                builder.sample_table, 5000, config.priority_exponent, limiter, codec.signature()
             )
         ]
 
     replay_node = replay.ReplayNode(table)
-    node = learner.LearnerNode(builder, spec, replay_node, None, seed=0, num_devices=1)
+    return replay_node, learner.LearnerNode(builder, spec, replay_node, None, 0, 1), codec
+
+
+def test_downweighting_lowers_the_dominant_actors_share_of_what_the_learner_samples():
+    # 90 % of the items are actor 1's.
+    replay_node, node, codec = learner_on_a_dqn_table(CONFIG)
+    table = dqn.DQNBuilder(CONFIG).sample_table
 
     def steps(count: int) -> dict:
         for _ in range(count):
@@ -336,9 +345,9 @@ def test_downweighting_lowers_the_dominant_actors_share_of_what_the_learner_samp
         return node._heartbeat_counters()  # what its heartbeats report
 
     try:
-        writer = replay.TransitionWriter(reverb.Client(replay_node.address()), builder.sample_table)
+        writer = replay.TransitionWriter(reverb.Client(replay_node.address()), table)
         for actor, count in ((0, 100), (1, 900)):
-            items = codec.encode(_transitions(count, seed=actor), source=actor)
+            items = codec.encode(random_transitions(count, seed=actor), source=actor)
             writer.write(items, np.ones(count))
         writer.close()
         start = steps(20)  # every item gets its first priority update soon

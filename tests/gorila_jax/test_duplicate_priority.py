@@ -8,8 +8,8 @@ import pytest
 import reverb
 
 from agents import dqn
-from gorila_jax import envs, replay, types
-from gorila_jax.learning import learner
+from gorila_jax import envs, replay
+from tests.gorila_jax.test_balance import learner_on_a_dqn_table, random_transitions
 
 BONUS = 100.0  # far above |TD error| of these transitions (rewards ~ N(0, 1)): easy to read
 CONFIG = dataclasses.replace(
@@ -22,20 +22,9 @@ CONFIG = dataclasses.replace(
 )
 
 
-def _transitions(count: int, seed: int) -> types.Transition:
-    rng = np.random.default_rng(seed)
-    return types.Transition(
-        observation=rng.normal(size=(count, 4)).astype(np.float32),
-        action=rng.integers(0, 2, count).astype(np.int32),
-        reward=rng.normal(size=count).astype(np.float32),
-        discount=np.full(count, 0.97, np.float32),
-        next_observation=rng.normal(size=(count, 4)).astype(np.float32),
-    )
-
-
 def test_content_hashes_ignore_the_writer_and_tell_contents_apart():
     codec = dqn.DQNBuilder(CONFIG).item_codec(envs.env_spec("CartPole-v1"))
-    batch = _transitions(500, seed=0)
+    batch = random_transitions(500, seed=0)
     by_actor_0 = codec.content_hashes(codec.encode(batch, source=0))
     by_actor_3 = codec.content_hashes(codec.encode(batch, source=3))
     np.testing.assert_array_equal(by_actor_0, by_actor_3)
@@ -74,26 +63,12 @@ def test_a_negative_bonus_is_rejected_naming_the_field_and_zero_turns_it_off():
 
 
 def test_a_learner_adds_eps_sqrt_n_to_the_new_priority_of_a_transition_n_actors_wrote():
-    # A real learner on DQN's real prioritized table (without the rate limiter, which
-    # would hold samples back with no new inserts). Actors 0, 1 and 2 each wrote the
-    # same 100 transitions; actor 0 also wrote 100 of its own.
-    spec = envs.env_spec("CartPole-v1")
-    builder = dqn.DQNBuilder(CONFIG)
-    codec = builder.item_codec(spec)
-
-    def table():
-        limiter = reverb.rate_limiters.MinSize(1)
-        return [
-            replay.prioritized_table(
-                builder.sample_table, 5000, CONFIG.priority_exponent, limiter, codec.signature()
-            )
-        ]
-
-    replay_node = replay.ReplayNode(table)
-    node = learner.LearnerNode(builder, spec, replay_node, None, seed=0, num_devices=1)
-    shared, own = _transitions(100, seed=1), _transitions(100, seed=2)
+    # Actors 0, 1 and 2 each wrote the same 100 transitions; actor 0 also 100 of its own.
+    replay_node, node, codec = learner_on_a_dqn_table(CONFIG)
+    table = dqn.DQNBuilder(CONFIG).sample_table
+    shared, own = random_transitions(100, seed=1), random_transitions(100, seed=2)
     try:
-        writer = replay.TransitionWriter(reverb.Client(replay_node.address()), builder.sample_table)
+        writer = replay.TransitionWriter(reverb.Client(replay_node.address()), table)
         # Written at a priority above any new one, as actors write at the replay's
         # largest: each item is sampled before the learner samples updated ones again.
         first = np.full(100, 3 * BONUS)
@@ -109,7 +84,7 @@ def test_a_learner_adds_eps_sqrt_n_to_the_new_priority_of_a_transition_n_actors_
     try:
         client = reverb.Client(replay_node.address())
         found = {}  # key -> (content hash, priority)
-        for item in client.sample(builder.sample_table, 8000, emit_timesteps=False):
+        for item in client.sample(table, 8000, emit_timesteps=False):
             content = codec.content_hashes(item.data[0][None])[0]
             found[int(item.info.key)] = (content, float(item.info.priority))
     finally:
