@@ -39,6 +39,8 @@ class SampledBatch(NamedTuple):
     data: types.PyTree
     probabilities: jax.Array  # [B/D] sampling probability of each item
     table_size: jax.Array  # [B/D] table size when the item was sampled
+    # [B/D] bool rows from the demonstration table (`replay.MixedSampler`); None: none.
+    demo: jax.Array | None = None
 
 
 class StepInfo(NamedTuple):
@@ -158,6 +160,11 @@ class AgentBuilder(Protocol):
         """What adds eps * sqrt(N) to the new priority of a transition N actors wrote
         (duplicate-aware priority); None: off, as for every agent without priorities."""
 
+    @property
+    def demo_fraction(self) -> float | None:
+        """The share of every learner batch drawn from demonstrations (`replay.MixedSampler`):
+        0 without them; None for an agent that cannot learn from them (on-policy PPO)."""
+
     def replay_tables(self, spec: types.EnvSpec) -> Sequence[reverb.Table]: ...
 
     def make_adder(
@@ -166,7 +173,10 @@ class AgentBuilder(Protocol):
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
-    ) -> Adder: ...
+        table: str | None = None,
+    ) -> Adder:
+        """An actor's adder; `table`: write there instead of the sampled table (the
+        demonstration table, which `gorila_jax.demonstrations` fills with this adder)."""
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> Any: ...
 

@@ -128,3 +128,16 @@ def check_settings(config: Any) -> None:
             check_non_negative(field.name, value)
         elif isinstance(check, tuple):
             check_in_range(field.name, value, *check)
+
+
+def check_demo_fraction(fraction: float, batch_size: int) -> None:
+    """config.demo_fraction: 0 (no demonstrations), or a share that leaves every batch of
+    `batch_size` rows at least one demonstration row and one of the agent's own."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"config.demo_fraction must lie in [0, 1), got {fraction}")
+    demo_rows = round(fraction * batch_size)
+    if fraction and not 0 < demo_rows < batch_size:
+        raise ValueError(
+            f"config.demo_fraction={fraction} gives {demo_rows} demonstration rows in a batch "
+            f"of {batch_size}; it needs at least one of each kind"
+        )

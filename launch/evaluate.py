@@ -13,7 +13,6 @@ and Atari, among others). Only GIF: an mp4 needs a video encoder (ffmpeg),
 which is not among the dependencies.
 """
 
-import json
 import sys
 
 import jax
@@ -22,8 +21,7 @@ from absl import app, flags
 
 from gorila_jax import envs
 from gorila_jax.acting import actor, evaluation
-from gorila_jax.learning import checkpoint
-from launch import presets
+from launch import trained as trained_lib
 
 _LOGDIR = flags.DEFINE_string("logdir", None, "The --logdir of a training run.", required=True)
 _EPISODES = flags.DEFINE_integer("episodes", 10, "Greedy episodes to play.", lower_bound=1)
@@ -82,25 +80,15 @@ def evaluate_run(
     Returns:
       (report, builder, spec, params): the report is what the JSON line holds.
     """
-    record = checkpoint.read_config(logdir)
-    builder = presets.builder_from_record(record, epsilon)
-    spec = envs.env_spec(record["experiment"]["env_id"])
-    target = jax.device_get(builder.init_train_state(jax.random.PRNGKey(0), spec))
-    if step is not None and step not in checkpoint.saved_steps(logdir):
-        raise checkpoint.CheckpointError(
-            f"no checkpoint at learner step {step} in {checkpoint.learner_dir(logdir)}; "
-            f"saved steps: {checkpoint.saved_steps(logdir)}"
-        )
-    restored = checkpoint.restore_newest(logdir, target, steps=None if step is None else [step])
-    params = builder.actor_params(restored.state)
-    seed = record["experiment"]["seed"] + 1 if seed is None else seed
+    trained = trained_lib.restore_policy(logdir, epsilon, step)
+    builder, spec, params = trained.builder, trained.spec, trained.params
+    seed = trained.record["experiment"]["seed"] + 1 if seed is None else seed
     returns = evaluation.evaluate(builder, spec, params, episodes, seed)
-    counters = restored.meta.get("node_counters", {}).values()
     report = {
         "logdir": logdir,
         "env_id": spec.env_id,
-        "learner_step": restored.step,
-        "env_steps": int(sum(c.get("env_steps", 0) for c in counters)),
+        "learner_step": trained.learner_step,
+        "env_steps": trained.env_steps,
         "epsilon": getattr(builder.config, "eval_epsilon", None),
         "seed": seed,
         "episodes": len(returns),
@@ -118,35 +106,27 @@ def main(argv: list[str]) -> None:
             f"error: --video={_VIDEO.value}: only .gif is supported "
             "(an mp4 needs ffmpeg, which is not among the dependencies)"
         )
-    try:
-        report, builder, spec, params = evaluate_run(
-            _LOGDIR.value, _EPISODES.value, _EPSILON.value, _SEED.value, _STEP.value
-        )
-        report["video"] = None
-        if _VIDEO.value:
-            frames = record_gif(
-                builder, spec, params, report["seed"], _VIDEO.value, _VIDEO_FPS.value
-            )
-            report["video"] = {"path": _VIDEO.value, "frames": frames}
-    except (checkpoint.CheckpointError, ValueError, OSError) as error:
-        sys.exit(f"error: {error}".replace("\n", " "))
-    print(
+    trained_lib.report_or_exit(_evaluate_with_video, _summary_line)
+
+
+def _evaluate_with_video() -> dict:
+    report, builder, spec, params = evaluate_run(
+        _LOGDIR.value, _EPISODES.value, _EPSILON.value, _SEED.value, _STEP.value
+    )
+    report["video"] = None
+    if _VIDEO.value:
+        frames = record_gif(builder, spec, params, report["seed"], _VIDEO.value, _VIDEO_FPS.value)
+        report["video"] = {"path": _VIDEO.value, "frames": frames}
+    return report
+
+
+def _summary_line(report: dict) -> str:
+    return (
         f"{report['env_id']}, learner step {report['learner_step']:,} "
         f"({report['env_steps']:,} env steps): mean greedy return {report['mean_return']:.2f} "
-        f"over {report['episodes']} episodes (epsilon {report['epsilon']})",
-        flush=True,
+        f"over {report['episodes']} episodes (epsilon {report['epsilon']})"
     )
-    print(json.dumps(report), flush=True)
-
-
-def _parse_flags(argv: list[str]) -> list[str]:
-    """absl parsing, but a bad or missing flag ends the program with one line and exit code 2."""
-    try:
-        return flags.FLAGS(argv)
-    except flags.Error as error:
-        print(f"error: {error}".replace("\n", " "), file=sys.stderr)
-        sys.exit(2)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=_parse_flags)
+    app.run(main, flags_parser=trained_lib.parse_flags)

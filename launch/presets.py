@@ -271,6 +271,16 @@ AGENTS = {
 NAMES = ("auto", *dict.fromkeys(name for agent in AGENTS.values() for name in agent.preset_names))
 
 
+def agents_taking_demos() -> tuple[str, ...]:
+    """The agents that can learn from demonstrations (`--demos`): their builder's
+    `demo_fraction` is a number, not None."""
+    return tuple(
+        name
+        for name, agent in AGENTS.items()
+        if agent.builder(agent.config()).demo_fraction is not None
+    )
+
+
 def is_file(name: str) -> bool:
     return name.endswith((".json", ".yaml", ".yml"))
 

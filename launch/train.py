@@ -28,7 +28,7 @@ import envpool.registration
 from absl import app, flags
 from ml_collections import config_flags
 
-from gorila_jax import config_checks, console, envs, types
+from gorila_jax import config_checks, console, demonstrations, envs, types
 from gorila_jax.gorila import mode
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
@@ -162,6 +162,7 @@ def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
     exp_config.validate()
     spec = envs.env_spec(exp_config.env_id)
     builder.validate(exp_config.num_learner_devices or 1, spec)
+    demonstrations.check_run(exp_config.demos, builder, spec, presets.agents_taking_demos())
     if exp_config.learner_mode == "gorila":
         mode.check_agent(builder, spec)
 

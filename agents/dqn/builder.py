@@ -60,6 +60,10 @@ class DQNBuilder:
         storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
         return replay.transition_codec(spec.zeros_observation(1)[0], np.int32(0), storage)
 
+    @property
+    def demo_fraction(self) -> float:
+        return self.config.demo_fraction
+
     def duplicate_counter(self) -> replay.DuplicateCounter | None:
         cfg = self.config
         if not cfg.priority_duplicate_bonus:
@@ -84,8 +88,9 @@ class DQNBuilder:
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
+        table: str | None = None,
     ) -> replay.NStepAdder:
-        writer = replay.TransitionWriter(client, TABLE, stop_event=stop_event)
+        writer = replay.TransitionWriter(client, table or TABLE, stop_event=stop_event)
         return replay.NStepAdder(
             writer,
             self.item_codec(spec),

@@ -76,6 +76,12 @@ class DQNConfig:
         N the actors that wrote the same transition (`replay.DuplicateCounter`, brief 2.2);
         0 (the default) leaves priorities as they are. It lifts the transitions several
         actors found: those of deterministic envs with actors on the same seed.
+      demo_fraction: the share of every learner batch drawn from demonstrations
+        (`--demos`, docs/demonstrations.md); 0 (the default): none.
+      demo_margin_weight: lambda of DQfD's large-margin loss on demonstration rows
+        (Hester et al., 2018), max_a [Q(s, a) + margin * (a != a_E)] - Q(s, a_E), added to
+        the TD loss; 0 (the default): off, demonstrations are only replayed.
+      demo_margin: the margin by which the demonstrated action must lead the others.
       epsilon_start: exploration epsilon at an actor's first env step.
       epsilon_end: epsilon after `epsilon_decay_steps` env steps of that actor.
       epsilon_decay_steps: env steps of one actor over which epsilon falls linearly.
@@ -118,6 +124,9 @@ class DQNConfig:
     priority_epsilon: float = 1e-6
     initial_priority: float = 1.0
     priority_duplicate_bonus: float = 0.0
+    demo_fraction: float = 0.0
+    demo_margin_weight: float = 0.0
+    demo_margin: float = 0.8
     epsilon_start: float = 1.0
     epsilon_end: float = 0.1
     epsilon_decay_steps: int = 1_000_000
@@ -149,7 +158,7 @@ class DQNConfig:
                 "loss_scale_period",
                 "batch_growth_steps",
             ),
-            non_negative=("priority_duplicate_bonus",),
+            non_negative=("priority_duplicate_bonus", "demo_margin_weight", "demo_margin"),
             unit_interval=(
                 "discount",
                 "epsilon_start",
@@ -160,6 +169,12 @@ class DQNConfig:
                 "learning_rate_final_fraction",
             ),
         )
+        config_checks.check_demo_fraction(self.demo_fraction, self.batch_size)
+        if self.demo_margin_weight and not self.demo_fraction:
+            raise ValueError(
+                "config.demo_margin_weight > 0 needs demonstrations: set config.demo_fraction "
+                "(and --demos)"
+            )
         if not 0.0 <= self.adam_b1 < 1.0:
             # b1 = 1 never lets a new gradient in (and divides by zero in Adam's bias correction).
             raise ValueError(f"config.adam_b1 must lie in [0, 1), got {self.adam_b1}")

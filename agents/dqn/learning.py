@@ -113,6 +113,45 @@ def _double_q_loss(apply_fn: Callable, cfg: config_lib.DQNConfig, params, state,
     return scaled, (loss, td, q_tm1, beta)
 
 
+def demo_margin_loss(q: jax.Array, action: jax.Array, demo: jax.Array, margin: float) -> jax.Array:
+    """DQfD's large-margin loss (Hester et al., 2018), averaged over the demonstration rows:
+    max_a [Q(s, a) + margin * (a != a_E)] - Q(s, a_E), a_E the demonstrated action.
+
+    It is 0 where a_E leads every other action by at least `margin`; it pushes the
+    others below a_E, so that the greedy policy imitates the demonstrator where
+    the TD loss alone says little (actions the demonstrator never took).
+
+    Args:
+      q: [B, A] action values; action: [B] demonstrated actions; demo: [B] bool
+        the demonstration rows (the rest do not count).
+    """
+    penalty = margin * (1.0 - jax.nn.one_hot(action, q.shape[-1], dtype=q.dtype))
+    taken = jnp.take_along_axis(q, action[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    per_row = jnp.max(q + penalty, axis=-1) - taken
+    rows = demo.astype(q.dtype)
+    return jnp.sum(rows * per_row) / jnp.maximum(jnp.sum(rows), 1.0)
+
+
+def with_demo_margin(loss_fn: Callable, cfg: config_lib.DQNConfig) -> Callable:
+    """`loss_fn` plus `cfg.demo_margin_weight` times DQfD's margin loss on the batch's
+    demonstration rows (none without them), on the action values the loss returns."""
+
+    def loss(params, state, batch):
+        scaled, (value, td, q_tm1, beta) = loss_fn(params, state, batch)
+        if batch.demo is None:
+            return scaled, (value, td, q_tm1, beta)
+        margin = cfg.demo_margin_weight * demo_margin_loss(
+            q_tm1, batch.data.action, batch.demo, cfg.demo_margin
+        )
+        if cfg.precision == "fp16":
+            scaled = scaled + precision.scale_loss(margin, state.loss_scale)
+        else:
+            scaled = scaled + margin
+        return scaled, (value + margin, td, q_tm1, beta)
+
+    return loss
+
+
 def _compute_grads(loss_fn: Callable, cfg: config_lib.DQNConfig, state: TrainState, batch):
     """Device-averaged, clipped gradients with their finiteness, and the new priorities."""
     dynamic_scale = cfg.precision == "fp16"
@@ -132,6 +171,10 @@ def _compute_grads(loss_fn: Callable, cfg: config_lib.DQNConfig, state: TrainSta
         "grad_norm": grad_norm,
         "importance_exponent": beta,
     }
+    if batch.demo is not None:
+        metrics["demo_margin_loss"] = demo_margin_loss(
+            q_tm1, batch.data.action, batch.demo, cfg.demo_margin
+        )
     if dynamic_scale:
         skipped = jnp.logical_not(finite).astype(jnp.float32)
         metrics["loss_scale"] = state.loss_scale.scale
@@ -191,6 +234,8 @@ def make_update_fns(
         a variant of DQN (QR-DQN) passes its own and keeps the rest of the update.
     """
     loss_fn = functools.partial(loss, apply_fn, cfg)
+    if cfg.demo_margin_weight:
+        loss_fn = with_demo_margin(loss_fn, cfg)
     track_grads = functools.partial(_track_grads, cfg) if cfg.precision == "fp16" else None
     return builder_lib.UpdateFns(
         functools.partial(_compute_grads, loss_fn, cfg),

@@ -71,6 +71,10 @@ class PPOBuilder:
     def duplicate_counter(self) -> None:
         return None  # a FIFO queue: no priorities
 
+    @property
+    def demo_fraction(self) -> None:
+        return None  # on-policy: it learns from its own policy's steps only
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         capacity = self.config.queue_batches * self.config.global_batch_size
         return [replay.queue_table(TABLE, capacity, self.item_codec(spec).signature())]
@@ -81,11 +85,12 @@ class PPOBuilder:
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
+        table: str | None = None,
     ) -> replay.TrajectoryAdder:
         # At most one write of unconfirmed chunks: once the queue is full the
         # actor waits at its next write instead of running further ahead.
         writer = replay.TransitionWriter(
-            client, TABLE, max_pending=max(2, num_envs), stop_event=stop_event
+            client, table or TABLE, max_pending=max(2, num_envs), stop_event=stop_event
         )
         return replay.TrajectoryAdder(
             writer, self.item_codec(spec), num_envs, self.config.trajectory_length

@@ -67,6 +67,10 @@ class SACBuilder:
     def duplicate_counter(self) -> None:
         return None  # a uniform table: no priorities
 
+    @property
+    def demo_fraction(self) -> float:
+        return self.config.demo_fraction
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
         rows = cfg.batch_size * cfg.updates_per_dispatch  # what one sample call takes
@@ -80,8 +84,9 @@ class SACBuilder:
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
+        table: str | None = None,
     ) -> replay.NStepAdder:
-        writer = replay.TransitionWriter(client, TABLE, stop_event=stop_event)
+        writer = replay.TransitionWriter(client, table or TABLE, stop_event=stop_event)
         return replay.NStepAdder(
             writer, self.item_codec(spec), num_envs, self.config.n_step, self.config.discount
         )

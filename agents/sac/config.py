@@ -61,6 +61,8 @@ class SACConfig:
         they are), "bfloat16" (2 bytes a number) or "float8_e4m3" (1 byte, with a
         per-feature scale fixed from a random policy's observations); the
         learner decodes them on its device (gorila_jax/replay/compact.py).
+      demo_fraction: the share of every learner batch drawn from demonstrations
+        (`--demos`, docs/demonstrations.md); 0 (the default): none.
     """
 
     hidden_sizes: tuple[int, ...] = (256, 256)
@@ -84,6 +86,7 @@ class SACConfig:
     precision: str = "fp32"
     actor_params_dtype: str = "float32"
     replay_obs_dtype: str = "float32"
+    demo_fraction: float = 0.0
 
     def target_entropy(self, action_dim: int) -> float:
         """The entropy the temperature steers the policy towards: -|A| by default."""
@@ -116,6 +119,7 @@ class SACConfig:
             non_negative=("random_steps",),
             unit_interval=("discount", "tau"),
         )
+        config_checks.check_demo_fraction(self.demo_fraction, self.batch_size)
         if not self.hidden_sizes or any(size <= 0 for size in self.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be positive, got {self.hidden_sizes}")
         if self.log_std_min >= self.log_std_max:

@@ -51,9 +51,12 @@ COUNTER = "env_steps"
 PERSISTENT_WINDOWS = 2
 REMEDIES = ("report", "replace", "downweight")
 # A learner's counter of the rows it sampled from actor "actor/<i>" is "sampled/actor/<i>";
-# rows of items written without a source count as "sampled/unknown".
+# rows of items written without a source count as "sampled/unknown", demonstration rows
+# (`replay.MixedSampler`) as "sampled/demo".
 SAMPLED_PREFIX = "sampled/"
 UNKNOWN_SOURCE_COUNTER = SAMPLED_PREFIX + "unknown"
+DEMO_COUNTER = SAMPLED_PREFIX + "demo"
+_SOURCE_COUNTERS = {replay.UNKNOWN_SOURCE: UNKNOWN_SOURCE_COUNTER, replay.DEMO_SOURCE: DEMO_COUNTER}
 
 
 def sampled_counter(actor: str) -> str:
@@ -303,9 +306,10 @@ class SampledRows:
     def __init__(self, restored_counters: dict[str, float] | None = None):
         self._lock = threading.Lock()
         self._rows: dict[int, int] = {}  # actor index (UNKNOWN_SOURCE: none) -> rows
+        sources = {name: source for source, name in _SOURCE_COUNTERS.items()}
         for name, value in (restored_counters or {}).items():
-            if name == UNKNOWN_SOURCE_COUNTER:
-                self._rows[replay.UNKNOWN_SOURCE] = int(value)
+            if name in sources:
+                self._rows[sources[name]] = int(value)
             elif name.startswith(SAMPLED_PREFIX):
                 self._rows[actor_index(name)] = int(value)
         self._weights: dict[int, float] = {}
@@ -338,13 +342,12 @@ class SampledRows:
         return scale
 
     def counters(self) -> dict[str, int]:
-        """{"sampled/actor/<i>": rows sampled from actor i, "sampled/unknown": ...}."""
+        """{"sampled/actor/<i>": rows sampled from actor i, "sampled/unknown": ...,
+        "sampled/demo": ...}."""
         with self._lock:
             rows = dict(self._rows)
         return {
-            UNKNOWN_SOURCE_COUNTER
-            if index == replay.UNKNOWN_SOURCE
-            else sampled_counter(f"actor/{index}"): count
+            _SOURCE_COUNTERS.get(index, sampled_counter(f"actor/{index}")): count
             for index, count in rows.items()
         }
 

@@ -35,8 +35,9 @@ class DevicePrefetcher:
     servers stop and before the process exits (see `close`).
 
     Args:
-      make_batches: batch size -> batches; or a `replay.ShardedSampler`,
-        whose `batches` it calls and which its thread closes when it ends.
+      make_batches: batch size -> batches; or a sampler (`replay.ShardedSampler`,
+        `replay.MixedSampler`), whose `batches` it calls and which its thread closes
+        when it ends.
       batch_size: the batch size to sample next.
       devices: where batches go (`parallel.shard_to_devices`).
       stop_event: the owning node's stop signal.
@@ -45,14 +46,16 @@ class DevicePrefetcher:
 
     def __init__(
         self,
-        make_batches: Callable[[int], Iterator[replay.Batch]] | replay.ShardedSampler,
+        make_batches: Callable[[int], Iterator[replay.Batch]]
+        | replay.ShardedSampler
+        | replay.MixedSampler,
         batch_size: Callable[[], int],
         devices: list,
         stop_event: threading.Event,
         size: int = 2,
     ):
         self._close_sampler: Callable[[], None] | None = None
-        if isinstance(make_batches, replay.ShardedSampler):
+        if isinstance(make_batches, (replay.ShardedSampler, replay.MixedSampler)):
             make_batches, self._close_sampler = make_batches.batches, make_batches.close
         self._make_batches, self._batch_size = make_batches, batch_size
         self._devices, self._stop_event = devices, stop_event
@@ -104,7 +107,9 @@ class DevicePrefetcher:
                 retry_s = min(2 * retry_s, _MAX_RETRY_S)
                 continue
             retry_s = _FIRST_RETRY_S
-            sampled = builder_lib.SampledBatch(batch.data, batch.probabilities, batch.table_size)
+            sampled = builder_lib.SampledBatch(
+                batch.data, batch.probabilities, batch.table_size, batch.demo
+            )
             on_device = parallel.shard_to_devices(sampled, self._devices)
             self._put((replay.row_keys(batch, with_sources=True), on_device))
 
@@ -156,16 +161,18 @@ def sampler(
     codec: replay.ItemCodec,
     stop_event: threading.Event,
     content_hashes: bool = False,
-) -> replay.ShardedSampler:
+    demo_fraction: float = 0.0,
+) -> replay.ShardedSampler | replay.MixedSampler:
     """The sampler of batches across every replay shard, as `DevicePrefetcher` takes it.
 
     Each shard's address is asked of its node whenever its dataset is
     (re)built, so a shard restarted at another address is sampled again.
     The shards' sampling threads end once `stop_event` is set, and are
     joined when the prefetcher that drives the sampler closes. With
-    `content_hashes`, batches carry their items' content hashes.
+    `content_hashes`, batches carry their items' content hashes; with `demo_fraction`,
+    that share of every batch comes from the demonstration table (`replay.MixedSampler`).
     """
-    return replay_shards.sampler(table, codec, stop_event, content_hashes)
+    return replay_shards.sampler(table, codec, stop_event, content_hashes, demo_fraction)
 
 
 def end_sampling(

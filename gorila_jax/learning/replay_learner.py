@@ -122,6 +122,7 @@ class ReplayLearnerNode(program.Worker):
             self._codec,
             self._stop_event,
             content_hashes=self._duplicates is not None,
+            demo_fraction=self._builder.demo_fraction or 0.0,
         )
         self._prefetcher = prefetch.DevicePrefetcher(
             make_batches, self._rows_to_sample, self._devices, self._stop_event

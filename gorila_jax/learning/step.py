@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import precision
+from gorila_jax import parallel, precision
 
 # `parallel.pmap_step` out_axes of a `make_step` step: the state, the guard and
 # the StepInfo per device; the last output, the same on every device, once.
@@ -161,6 +161,7 @@ def make_step(
         )
         metrics = {
             **info.metrics,
+            **demo_metrics(batch),
             "nonfinite_skipped_steps": guard.skipped_steps.astype(jnp.float32),
             "nonfinite_streak": guard.streak.astype(jnp.float32),
             "lr_scale": guard.lr_scale,
@@ -177,6 +178,13 @@ def make_step(
         return new, guard, info, GradientOut(grads, metrics["loss"], finite, pushable)
 
     return step if updates == 1 else _scanned(step, updates, builder)
+
+
+def demo_metrics(batch: builder_lib.SampledBatch) -> dict[str, jax.Array]:
+    """The share of the batch's rows that are demonstrations (`demo_share`), when it has any."""
+    if batch.demo is None:
+        return {}
+    return {"demo_share": parallel.pmean(jnp.mean(batch.demo.astype(jnp.float32)))}
 
 
 def _scanned(step: Callable, updates: int, builder: builder_lib.AgentBuilder) -> Callable:

@@ -9,6 +9,13 @@ another backend (a tiered store, for example) can sit behind these names.
 from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
 from gorila_jax.replay.compact import STORAGE_DTYPES, CompactFloats, observation_storage
 from gorila_jax.replay.duplicates import DuplicateCounter
+from gorila_jax.replay.mixing import (
+    DEMO_SOURCE,
+    DEMO_TABLE,
+    MixedSampler,
+    demo_rows,
+    demo_table,
+)
 from gorila_jax.replay.sampling import (
     CONNECTION_ERRORS,
     Batch,
@@ -43,6 +50,8 @@ from gorila_jax.replay.writers import (
 __all__ = [
     "CHECKPOINT_MANIFEST",
     "CONNECTION_ERRORS",
+    "DEMO_SOURCE",
+    "DEMO_TABLE",
     "NEWEST",
     "SOURCE_BYTES",
     "STORAGE_DTYPES",
@@ -52,6 +61,7 @@ __all__ = [
     "CompactFloats",
     "DuplicateCounter",
     "IncompatibleCheckpoint",
+    "MixedSampler",
     "ItemCodec",
     "NStepAccumulator",
     "NStepAdder",
@@ -68,6 +78,8 @@ __all__ = [
     "assigned_shard",
     "batches",
     "check_checkpoint",
+    "demo_rows",
+    "demo_table",
     "newest_intact_checkpoint",
     "observation_storage",
     "prioritized_table",

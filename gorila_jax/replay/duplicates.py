@@ -59,7 +59,8 @@ class DuplicateCounter:
         for content, source in zip(
             np.asarray(hashes).reshape(-1).tolist(), np.asarray(sources).reshape(-1).tolist()
         ):
-            bit = 1 << min(source + 1, 63)  # UNKNOWN_SOURCE (-1) is bit 0
+            # UNKNOWN_SOURCE (-1) and demonstrations (-2) are bit 0
+            bit = 1 << min(max(source + 1, 0), 63)
             mask = self._actors.pop(content, 0) | bit
             self._actors[content] = mask  # newest last: the oldest go first
             masks.append(mask)

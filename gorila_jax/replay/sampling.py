@@ -30,6 +30,8 @@ class Batch(NamedTuple):
     sources: np.ndarray | None = None
     # [B] uint64 a hash of each item's content (`ItemCodec.content_hashes`); None: not asked.
     hashes: np.ndarray | None = None
+    # [B] bool the rows drawn from the demonstration table (`replay.MixedSampler`); None: none.
+    demo: np.ndarray | None = None
 
 
 class SampledKeys(NamedTuple):
@@ -45,6 +47,7 @@ class SampledKeys(NamedTuple):
     shards: np.ndarray | None = None  # [B] int32; None: one replay
     sources: np.ndarray | None = None  # [B] int32 source actors; None: unknown
     hashes: np.ndarray | None = None  # [B] uint64 content hashes; None: not sampled with them
+    demo: np.ndarray | None = None  # [B] bool demonstration rows (no priority to send); None: none
 
     @property
     def size(self) -> int:
@@ -58,9 +61,9 @@ def row_keys(batch: Batch, with_sources: bool = False) -> np.ndarray | SampledKe
     the hash of its content (if sampled with them)."""
     sources = batch.sources if with_sources else None
     hashes = batch.hashes if with_sources else None
-    if batch.shards is None and sources is None and hashes is None:
+    if batch.shards is None and sources is None and hashes is None and batch.demo is None:
         return batch.keys
-    return SampledKeys(batch.keys, batch.shards, sources, hashes)
+    return SampledKeys(batch.keys, batch.shards, sources, hashes, batch.demo)
 
 
 def batches(
@@ -176,9 +179,9 @@ class PriorityUpdater:
     def _update(
         self, keys: np.ndarray | SampledKeys, priorities: Any, scale: Any, bonus: Any
     ) -> None:
-        shards = None
+        shards = demo = None
         if isinstance(keys, SampledKeys):
-            keys, shards = keys.keys, keys.shards
+            keys, shards, demo = keys.keys, keys.shards, keys.demo
             shards = None if shards is None else shards.reshape(-1)
         priorities = np.asarray(priorities, np.float64).reshape(-1)
         if bonus is not None:
@@ -186,10 +189,14 @@ class PriorityUpdater:
         if scale is not None:
             priorities = priorities * np.asarray(scale, np.float64).reshape(-1)
         keys = keys.reshape(-1)
-        finite = np.isfinite(priorities)
-        if not finite.all():  # a skipped (non-finite) update: the items keep their old ones
-            keys, priorities = keys[finite], priorities[finite]
-            shards = None if shards is None else shards[finite]
+        # A skipped (non-finite) update: the items keep their old ones. Demonstration
+        # rows' keys are the demonstration table's, which has no priorities.
+        sent = np.isfinite(priorities)
+        if demo is not None:
+            sent &= ~np.asarray(demo, bool).reshape(-1)
+        if not sent.all():
+            keys, priorities = keys[sent], priorities[sent]
+            shards = None if shards is None else shards[sent]
         if shards is None:
             self._send(0, keys, priorities)
             return

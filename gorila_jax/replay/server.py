@@ -142,6 +142,9 @@ class ReplayNode:
       restore_step: start from the checkpoint taken at this learner step;
         `NEWEST`: from the newest intact one (an empty replay if there is none),
         as a replay node restarted after a crash does.
+      preload: called with a client of the new server when it starts empty (no
+        checkpoint restored), to write what the run starts with (demonstrations,
+        `gorila_jax.demonstrations.loader`); a restored replay holds it already.
 
     Raises:
       PortInUse: `port` is taken by another process.
@@ -154,6 +157,7 @@ class ReplayNode:
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
         any_port_if_taken: bool = False,
+        preload: Callable[[reverb.Client], Any] | None = None,
     ):
         self._checkpoint_dir = checkpoint_dir
         checkpointer = None
@@ -199,6 +203,12 @@ class ReplayNode:
                 restore_step,
                 expected_sizes,
             )
+        elif preload is not None:
+            try:
+                preload(self._server.localhost_client())
+            except BaseException:
+                self._server.stop()
+                raise
 
     def restored_from(self) -> dict[str, Any]:
         """{"step": the learner step of the checkpoint restored (None: started empty),

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import reverb
 
-from gorila_jax.replay import codec, sampling, server, shard_streams
+from gorila_jax.replay import codec, mixing, sampling, server, shard_streams
 
 
 def assigned_shard(actor_index: int, num_shards: int) -> int:
@@ -97,8 +97,17 @@ class ReplayShards:
         codec: codec.ItemCodec | None,
         stop: threading.Event | None = None,
         content_hashes: bool = False,
-    ) -> "ShardedSampler":
-        return ShardedSampler(self.nodes, table, codec, stop=stop, content_hashes=content_hashes)
+        demo_fraction: float = 0.0,
+    ) -> "ShardedSampler | mixing.MixedSampler":
+        """Batches of `table` across the shards; with `demo_fraction`, that share of every
+        batch from the demonstration table on the first shard (`mixing.MixedSampler`)."""
+        own = ShardedSampler(self.nodes, table, codec, stop=stop, content_hashes=content_hashes)
+        if not demo_fraction:
+            return own
+        demos = ShardedSampler(
+            self.nodes[:1], mixing.DEMO_TABLE, codec, stop=stop, content_hashes=content_hashes
+        )
+        return mixing.MixedSampler(own, demos, demo_fraction)
 
     def priority_updater(self, table: str) -> sampling.PriorityUpdater:
         """Sends priorities to the shard of each item, at the address each serves at now."""

@@ -90,6 +90,12 @@ class ExperimentConfig:
         "listens on all interfaces: firewall it on hosts reachable from untrusted networks.",
         check=config_checks.PORT_RANGE,
     )
+    demos: str | None = setting(
+        None,
+        "replay",
+        "Directory of demonstration episodes (python -m launch.record, docs/demonstrations.md) "
+        "that learners sample at --config.demo_fraction of every batch (off-policy agents).",
+    )
     num_replay_shards: int = setting(
         1,
         "replay",
@@ -330,6 +336,11 @@ class ExperimentConfig:
             raise ValueError(
                 f"num_learner_hosts={self.num_learner_hosts} needs launcher=ray (a process per "
                 f"learner host), got launcher={self.launcher!r}"
+            )
+        if self.num_learner_hosts > 1 and self.demos:
+            raise ValueError(
+                f"num_learner_hosts={self.num_learner_hosts}: the multi-host learner samples "
+                "no demonstrations; --demos needs one learner host"
             )
         if self.num_learner_hosts > 1 and self.learner_mode != "sync":
             raise ValueError(

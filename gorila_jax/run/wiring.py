@@ -5,12 +5,13 @@ running one (elastic actors) with the same wiring.
 """
 
 import functools
+import os
 from typing import Any
 
 import portpicker
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import replay, types
+from gorila_jax import demonstrations, replay, types
 from gorila_jax.acting import actor, evaluation, param_cache
 from gorila_jax.distributed import multihost
 from gorila_jax.distributed import program as program_lib
@@ -34,6 +35,7 @@ def make_program(
     if cfg.balance_interval_s:
         # Before anything starts: "downweight" needs priorities in the sampled table.
         balance.check_remedy(cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table)
+    demonstrations.check_run(cfg.demos, builder, spec)
     program = program_lib.Program("gorila")
     restore_step = resume.step if resume else None
     meta = resume.meta if resume else {}
@@ -263,6 +265,13 @@ def _add_replay_shards(
     make_tables = functools.partial(builder.replay_tables, spec)
     if num_shards > 1:
         make_tables = functools.partial(replay.shard_tables, make_tables, num_shards)
+    # Demonstrations sit on the first shard only: a table of their own, filled when it starts.
+    first_shard = {}
+    if cfg.demos:
+        first_shard = {
+            "make_tables": functools.partial(_with_demo_table, make_tables, builder, spec),
+            "preload": demonstrations.Loader(os.path.abspath(cfg.demos), builder, spec),
+        }
     # One port per shard for the whole run: a restarted shard serves at the
     # same address, and Reverb's clients reconnect to it by themselves.
     ports = [cfg.replay_port + shard for shard in range(num_shards)] if cfg.replay_port else []
@@ -273,9 +282,10 @@ def _add_replay_shards(
     handles = []
     with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
         for shard, port in enumerate(ports):
+            shard_options = first_shard if shard == 0 else {}
             handle = program.add_node(
                 replay.ReplayNode,
-                make_tables,
+                shard_options.get("make_tables", make_tables),
                 port=port,
                 checkpoint_dir=(
                     checkpoint.replay_dir(cfg.logdir, shard, num_shards)
@@ -284,12 +294,20 @@ def _add_replay_shards(
                 ),
                 restore_step=restore_step,
                 any_port_if_taken=not cfg.replay_port,
+                preload=shard_options.get("preload"),
             )
             handles.append(handle)
     restart = functools.partial(_restart_replay, cfg.saves_checkpoints)
     for handle in handles:
         program.node(handle.name).restartable(restart)
     return handles
+
+
+def _with_demo_table(make_tables, builder: builder_lib.AgentBuilder, spec: types.EnvSpec):
+    """The agent's tables and the demonstration table, whose items are the sampled table's."""
+    tables = list(make_tables())
+    signature = builder.item_codec(spec).signature()
+    return tables + [replay.demo_table(signature)]
 
 
 def _restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:

@@ -54,6 +54,7 @@ def test_the_contract_is_what_the_skeleton_calls():
         "item_codec",
         "replay_tables",
         "duplicate_counter",
+        "demo_fraction",
         "make_adder",
         "init_train_state",
         "update_fns",

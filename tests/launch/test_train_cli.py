@@ -48,6 +48,7 @@ BAD_INPUTS = [
     (["--agent=sac"], "SAC cannot act in CartPole-v1"),  # the agent's action space
     (["--env=Pendulum-v1"], "DQN takes discrete actions; agents that can: ppo, sac"),
     (["--env=MiniGrid-Empty-5x5-v0"], "has dict observations (direction, image, mission)"),
+    (["--demos=/nonexistent/demos", "--config.demo_fraction=0.25"], "no directory"),
 ]
 
 
@@ -121,6 +122,8 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
             {"agent": "sac", "env": "Pendulum-v1", "learner_mode": "gorila"},
             "learner_mode=gorila needs an agent",
         ),
+        ({"agent": "ppo", "demos": "/tmp"}, "learns on-policy.*agents that can: dqn, sac, qrdqn"),
+        ({"config": {"demo_fraction": 0.25}}, "needs --demos=DIR"),
     ],
 )
 def test_a_bad_setting_is_refused_before_anything_starts(inputs, message):

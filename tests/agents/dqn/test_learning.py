@@ -137,6 +137,33 @@ def test_update_lowers_the_loss_on_a_fixed_batch():
     assert last < 0.5 * first
 
 
+def test_dqfd_margin_loss_makes_the_demonstrated_actions_greedy():
+    # Zero rewards and bootstraps: the TD loss alone has no reason to prefer any action;
+    # the margin loss on the demonstration rows (every other row) must.
+    batch = _random_batch(0)
+    data = batch.data._replace(reward=np.zeros(64, np.float32), discount=np.zeros(64, np.float32))
+    demonstrated = (data.observation[:, 2] > 0).astype(np.int32)  # an arbitrary rule
+    demo = np.arange(64) % 2 == 0
+    data = data._replace(action=np.where(demo, demonstrated, data.action))
+    batch = batch._replace(data=data, demo=demo)
+    cfg = dataclasses.replace(
+        TINY, demo_fraction=0.5, demo_margin_weight=1.0, target_update_period=1000
+    )
+    state, infos = _train(4, [batch] * 60, cfg)
+    q = networks.make_network(SPEC, (32, 32), True, "mlp").apply(state.params, data.observation)
+    greedy = np.asarray(q).argmax(-1)
+    np.testing.assert_array_equal(greedy[demo], demonstrated[demo])
+    metrics = infos[-1].metrics
+    assert float(metrics["demo_share"][0]) == 0.5
+    assert float(metrics["demo_margin_loss"][0]) < 0.25 * float(
+        infos[0].metrics["demo_margin_loss"][0]
+    )
+    # One device or four: the same update (the margin loss averages within each device).
+    one, _ = _train(1, [batch] * 3, cfg)
+    four, _ = _train(4, [batch] * 3, cfg)
+    chex.assert_trees_all_close(one.params, four.params, atol=1e-5)
+
+
 def test_target_network_is_copied_every_period():
     state, _ = _train(1, [_random_batch(0)], dataclasses.replace(TINY, target_update_period=2))
     initial = dqn.DQNBuilder(TINY).init_train_state(jax.random.PRNGKey(0), SPEC).params

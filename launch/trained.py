@@ -1,0 +1,68 @@
+"""A trained run's agent, restored from its checkpoint, for the tools that replay it
+(`launch.evaluate`, `launch.record`); and their flag parsing."""
+
+import json
+import sys
+from typing import Any, Callable, NamedTuple
+
+import jax
+from absl import flags
+
+from gorila_jax import envs
+from gorila_jax.learning import checkpoint
+from launch import presets
+
+
+class TrainedPolicy(NamedTuple):
+    """A run's agent restored from one of its checkpoints."""
+
+    record: dict  # the run's config.json
+    builder: Any
+    spec: Any
+    params: Any  # what its actors act with
+    learner_step: int
+    env_steps: int  # taken by the run's actors up to the checkpoint
+
+
+def restore_policy(logdir: str, epsilon: float | None, step: int | None) -> TrainedPolicy:
+    """The agent of the run in `logdir` at checkpoint `step` (None: the newest), rebuilt from
+    its config.json; `epsilon` replaces its evaluation epsilon (None: keep it)."""
+    record = checkpoint.read_config(logdir)
+    builder = presets.builder_from_record(record, epsilon)
+    spec = envs.env_spec(record["experiment"]["env_id"])
+    target = jax.device_get(builder.init_train_state(jax.random.PRNGKey(0), spec))
+    if step is not None and step not in checkpoint.saved_steps(logdir):
+        raise checkpoint.CheckpointError(
+            f"no checkpoint at learner step {step} in {checkpoint.learner_dir(logdir)}; "
+            f"saved steps: {checkpoint.saved_steps(logdir)}"
+        )
+    restored = checkpoint.restore_newest(logdir, target, steps=None if step is None else [step])
+    counters = restored.meta.get("node_counters", {}).values()
+    return TrainedPolicy(
+        record,
+        builder,
+        spec,
+        builder.actor_params(restored.state),
+        restored.step,
+        int(sum(c.get("env_steps", 0) for c in counters)),
+    )
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, but a bad or missing flag ends the program with one line and exit code 2."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        print(f"error: {error}".replace("\n", " "), file=sys.stderr)
+        sys.exit(2)
+
+
+def report_or_exit(make_report: Callable[[], dict], summary: Callable[[dict], str]) -> None:
+    """A tool's work: a checkpoint, value or file error ends it with one `error:` line;
+    otherwise it prints the report's one-line summary, then the report as JSON (last)."""
+    try:
+        report = make_report()
+    except (checkpoint.CheckpointError, ValueError, OSError) as error:
+        sys.exit(f"error: {error}".replace("\n", " "))
+    print(summary(report), flush=True)
+    print(json.dumps(report), flush=True)
