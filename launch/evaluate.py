@@ -23,20 +23,10 @@ from gorila_jax import envs
 from gorila_jax.acting import actor, evaluation
 from launch import trained as trained_lib
 
-_LOGDIR = flags.DEFINE_string("logdir", None, "The --logdir of a training run.", required=True)
+_LOGDIR, _EPSILON, _STEP = trained_lib.define_run_flags("evaluate")
 _EPISODES = flags.DEFINE_integer("episodes", 10, "Greedy episodes to play.", lower_bound=1)
-_EPSILON = flags.DEFINE_float(
-    "epsilon",
-    None,
-    "Epsilon of the evaluation policy; unset: the run's config.eval_epsilon (DQN: 0.001).",
-    lower_bound=0.0,
-    upper_bound=1.0,
-)
 _SEED = flags.DEFINE_integer(
     "seed", None, "Env seed; unset: the run's seed + 1 (as its final eval)."
-)
-_STEP = flags.DEFINE_integer(
-    "step", None, "Evaluate this learner step's checkpoint, not the newest."
 )
 _VIDEO = flags.DEFINE_string("video", None, "Write one episode to this .gif file.")
 _VIDEO_FPS = flags.DEFINE_integer("video_fps", 30, "Frames per second of the GIF.", lower_bound=1)

@@ -21,20 +21,12 @@ from absl import app, flags
 from gorila_jax import demonstrations
 from launch import trained as trained_lib
 
-_LOGDIR = flags.DEFINE_string("logdir", None, "The --logdir of a training run.", required=True)
+_LOGDIR, _EPSILON, _STEP = trained_lib.define_run_flags("record")
 _OUT = flags.DEFINE_string(
     "out", None, "An empty (or new) directory for the episodes.", required=True
 )
 _EPISODES = flags.DEFINE_integer("episodes", 10, "Episodes to record.", lower_bound=1)
-_EPSILON = flags.DEFINE_float(
-    "epsilon",
-    None,
-    "Epsilon of the recording policy; unset: the run's config.eval_epsilon.",
-    lower_bound=0.0,
-    upper_bound=1.0,
-)
 _SEED = flags.DEFINE_integer("seed", None, "Env and policy seed; unset: the run's seed + 2.")
-_STEP = flags.DEFINE_integer("step", None, "Record with this learner step's checkpoint.")
 _MIN_RETURN = flags.DEFINE_float(
     "min_return", None, "Keep only episodes whose return reaches this (unset: keep all)."
 )

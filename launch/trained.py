@@ -13,6 +13,23 @@ from gorila_jax.learning import checkpoint
 from launch import presets
 
 
+def define_run_flags(verb: str) -> tuple[Any, Any, Any]:
+    """The flags of a tool that plays a run's checkpoint: --logdir, --epsilon and --step
+    (their holders, in that order); `verb` says what the tool does ("evaluate", "record")."""
+    logdir = flags.DEFINE_string("logdir", None, "The --logdir of a training run.", required=True)
+    epsilon = flags.DEFINE_float(
+        "epsilon",
+        None,
+        f"Epsilon of the policy to {verb} with; unset: the run's config.eval_epsilon (DQN: 0.001).",
+        lower_bound=0.0,
+        upper_bound=1.0,
+    )
+    step = flags.DEFINE_integer(
+        "step", None, f"{verb.capitalize()} this learner step's checkpoint, not the newest."
+    )
+    return logdir, epsilon, step
+
+
 class TrainedPolicy(NamedTuple):
     """A run's agent restored from one of its checkpoints."""
 
