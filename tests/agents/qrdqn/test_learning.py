@@ -175,6 +175,38 @@ def test_the_guards_lr_scale_moves_only_the_trainable_parameters_part_way():
     assert int(half.step) == int(full.step) == 1
 
 
+def test_dqfd_margin_loss_on_the_quantile_mean_makes_the_demonstrated_actions_greedy():
+    # DQN's margin wrapper on QR-DQN's loss: the margin acts on the mean over quantiles,
+    # which is what QR-DQN's greedy policy takes the argmax of.
+    batch = _random_batch(0)
+    data = batch.data._replace(reward=np.zeros(64, np.float32), discount=np.zeros(64, np.float32))
+    demonstrated = (data.observation[:, 2] > 0).astype(np.int32)
+    demo = np.arange(64) % 2 == 0
+    data = data._replace(action=np.where(demo, demonstrated, data.action))
+    cfg = dataclasses.replace(
+        TINY,
+        demo_fraction=0.5,
+        demo_margin_weight=1.0,
+        target_update_period=1000,
+        eval_epsilon=0.0,
+    )
+    builder = qrdqn.QRDQNBuilder(cfg)
+    greedy = builder.make_policy(SPEC, 0, 1, evaluation=True)
+
+    def agreement(params) -> float:
+        actions = np.asarray(greedy(params, data.observation, jax.random.PRNGKey(0), 0))
+        return float(np.mean(actions[demo] == demonstrated[demo]))
+
+    untrained = agreement(builder.init_train_state(jax.random.PRNGKey(0), SPEC).params)
+    state, infos = _train(1, [batch._replace(data=data, demo=demo)] * 100, cfg)
+    # Not every row: the quantile loss pulls the other rows' taken actions to 0 as well,
+    # and a 32x32 network need not separate every demonstration row from its neighbours.
+    assert agreement(state.params) >= max(0.9, untrained + 0.25), untrained
+    assert float(infos[-1].metrics["demo_margin_loss"][0]) < float(
+        infos[0].metrics["demo_margin_loss"][0]
+    )
+
+
 def test_target_network_is_copied_every_period():
     cfg = dataclasses.replace(TINY, target_update_period=2)
     initial = qrdqn.QRDQNBuilder(cfg).init_train_state(jax.random.PRNGKey(0), SPEC).params
