@@ -227,13 +227,17 @@ def check_run(
 
 
 class Loader:
-    """`ReplayNode(preload=...)`: fills the first shard's demonstration table when it starts
-    empty. A class, not a closure, so that Ray can send it to the replay's process."""
+    """`ReplayNode(preload=...)`: fills the first shard's demonstration table unless it holds
+    items already (restored from a checkpoint of this run). A class, not a closure, so
+    that Ray can send it to the replay's process."""
 
     def __init__(self, demo_dir: str, builder: builder_lib.AgentBuilder, spec: types.EnvSpec):
         self.demo_dir, self._builder, self._spec = demo_dir, builder, spec
 
     def __call__(self, client: Any) -> int:
+        held = int(client.server_info()[replay.DEMO_TABLE].current_size)
+        if held:
+            return held
         return load_into_replay(self.demo_dir, self._builder, self._spec, client)
 
 

@@ -142,9 +142,10 @@ class ReplayNode:
       restore_step: start from the checkpoint taken at this learner step;
         `NEWEST`: from the newest intact one (an empty replay if there is none),
         as a replay node restarted after a crash does.
-      preload: called with a client of the new server when it starts empty (no
-        checkpoint restored), to write what the run starts with (demonstrations,
-        `gorila_jax.demonstrations.loader`); a restored replay holds it already.
+      preload: called with a client of the server once it serves (after any
+        restore), to write what the run starts with (demonstrations,
+        `gorila_jax.demonstrations.Loader`, which skips a table a restored
+        checkpoint already filled).
 
     Raises:
       PortInUse: `port` is taken by another process.
@@ -203,7 +204,7 @@ class ReplayNode:
                 restore_step,
                 expected_sizes,
             )
-        elif preload is not None:
+        if preload is not None:
             try:
                 preload(self._server.localhost_client())
             except BaseException:

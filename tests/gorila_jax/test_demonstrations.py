@@ -126,9 +126,7 @@ def _server_with_demos(builder, spec, demo_dir):
     return replay.ReplayNode(tables, preload=loader), codec
 
 
-def test_loading_writes_one_item_per_step_and_a_restored_replay_is_not_loaded_twice(
-    demo_dir, tmp_path
-):
+def test_loading_writes_one_item_per_step_once_across_restores(demo_dir, tmp_path):
     builder = dqn.DQNBuilder(DQN_CONFIG)
     node, _ = _server_with_demos(builder, CARTPOLE, demo_dir)
     try:
@@ -155,6 +153,20 @@ def test_loading_writes_one_item_per_step_and_a_restored_replay_is_not_loaded_tw
         assert restored.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
     finally:
         restored.close()
+    # A checkpoint of a run without demonstrations (its table empty) is filled on resume.
+    empty = str(tmp_path / "empty_replay")
+    before = replay.ReplayNode(tables, checkpoint_dir=empty)
+    try:
+        before.checkpoint(5)
+    finally:
+        before.close()
+    resumed = replay.ReplayNode(
+        tables, checkpoint_dir=empty, restore_step=replay.NEWEST, preload=loader
+    )
+    try:
+        assert resumed.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
+    finally:
+        resumed.close()
 
 
 def test_a_learner_samples_demonstrations_at_the_configured_share_and_sends_no_priorities_for_them(
