@@ -44,6 +44,11 @@ def test_what_cannot_be_recorded_fails_with_one_error_line(run_dir, tmp_path):  
     assert unreachable.returncode == 1
     assert "reached --min_return=10000.0" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
-    assert _record(f"--logdir={run_dir}", "--episodes=1", f"--out={out}").returncode == 0
-    again = _record(f"--logdir={run_dir}", "--episodes=1", f"--out={out}")
+    # A directory that holds episodes already is never written into.
+    taken = tmp_path / "taken"
+    episode = demonstrations.Episode(
+        np.zeros((2, 4), np.float32), np.zeros(1, np.int32), np.ones(1), True
+    )
+    demonstrations.write(str(taken), [episode], SPEC.env_id, "test")
+    again = _record(f"--logdir={run_dir}", "--episodes=1", f"--out={taken}")
     assert again.returncode == 1 and "already holds episodes" in again.stderr
