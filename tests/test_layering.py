@@ -50,7 +50,8 @@ LAYERS = (
     ("health",),
     ("learning",),
     ("gorila",),
-    ("acting",),
+    # Demonstrations are recorded by acting and loaded through an actor's adder.
+    ("acting", "demonstrations"),
     ("run",),
 )
 LAYER_OF = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
