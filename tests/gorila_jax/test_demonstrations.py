@@ -134,39 +134,33 @@ def test_loading_writes_one_item_per_step_once_across_restores(demo_dir, tmp_pat
         assert node.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
     finally:
         node.close()
-    checkpoints = str(tmp_path / "replay")
     codec = builder.item_codec(CARTPOLE)
     loader = demonstrations.Loader(demo_dir, builder, CARTPOLE)
 
-    def tables():
-        return [replay.demo_table(codec.signature())]
+    def restored_size(checkpoint_dir: str, loaded_before: bool) -> int:
+        """Demonstration items of a replay restored from a checkpoint written by one that
+        loaded them (or, `loaded_before` False, by a run without demonstrations)."""
 
-    first = replay.ReplayNode(tables, checkpoint_dir=checkpoints, preload=loader)
-    try:
-        first.checkpoint(10)
-    finally:
-        first.close()
-    restored = replay.ReplayNode(
-        tables, checkpoint_dir=checkpoints, restore_step=replay.NEWEST, preload=loader
-    )
-    try:
-        assert restored.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
-    finally:
-        restored.close()
-    # A checkpoint of a run without demonstrations (its table empty) is filled on resume.
-    empty = str(tmp_path / "empty_replay")
-    before = replay.ReplayNode(tables, checkpoint_dir=empty)
-    try:
-        before.checkpoint(5)
-    finally:
-        before.close()
-    resumed = replay.ReplayNode(
-        tables, checkpoint_dir=empty, restore_step=replay.NEWEST, preload=loader
-    )
-    try:
-        assert resumed.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
-    finally:
-        resumed.close()
+        def tables():
+            return [replay.demo_table(codec.signature())]
+
+        first = replay.ReplayNode(
+            tables, checkpoint_dir=checkpoint_dir, preload=loader if loaded_before else None
+        )
+        try:
+            first.checkpoint(10)
+        finally:
+            first.close()
+        restored = replay.ReplayNode(
+            tables, checkpoint_dir=checkpoint_dir, restore_step=replay.NEWEST, preload=loader
+        )
+        try:
+            return restored.table_info()[replay.DEMO_TABLE]["size"]
+        finally:
+            restored.close()
+
+    assert restored_size(str(tmp_path / "loaded"), loaded_before=True) == 4 * 500  # not twice
+    assert restored_size(str(tmp_path / "empty"), loaded_before=False) == 4 * 500  # filled
 
 
 def test_a_learner_samples_demonstrations_at_the_configured_share_and_sends_no_priorities_for_them(
