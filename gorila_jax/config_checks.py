@@ -7,6 +7,7 @@ that declaration and `check_settings` runs its check.
 """
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -130,12 +131,18 @@ def check_settings(config: Any) -> None:
             check_in_range(field.name, value, *check)
 
 
+def demo_row_count(rows: int, fraction: float) -> int:
+    """Demonstration rows in a batch of `rows` at share `fraction`: fraction * rows rounded
+    half up, as `replay.demo_rows` spreads them."""
+    return math.floor(rows * fraction + 0.5)
+
+
 def check_demo_fraction(fraction: float, batch_size: int) -> None:
     """config.demo_fraction: 0 (no demonstrations), or a share that leaves every batch of
     `batch_size` rows at least one demonstration row and one of the agent's own."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"config.demo_fraction must lie in [0, 1), got {fraction}")
-    demo_rows = round(fraction * batch_size)
+    demo_rows = demo_row_count(batch_size, fraction)
     if fraction and not 0 < demo_rows < batch_size:
         raise ValueError(
             f"config.demo_fraction={fraction} gives {demo_rows} demonstration rows in a batch "

@@ -20,6 +20,7 @@ feeds each episode through the agent's own adder (n-step returns included),
 into the demonstration table (`replay.DEMO_TABLE`), as source `replay.DEMO_SOURCE`.
 """
 
+import functools
 import glob
 import json
 import os
@@ -224,6 +225,23 @@ def check_run(
         )
     if demo_dir:
         read(demo_dir, spec, limit=1)
+
+
+def first_shard(
+    make_tables: Callable[[], Sequence[Any]],
+    demo_dir: str,
+    builder: builder_lib.AgentBuilder,
+    spec: types.EnvSpec,
+) -> tuple[Callable[[], list[Any]], "Loader"]:
+    """What the first replay shard of a run with demonstrations is built from: the agent's
+    tables (`make_tables`) with the demonstration table, and the loader that fills it."""
+    tables = functools.partial(_with_demo_table, make_tables, builder, spec)
+    return tables, Loader(os.path.abspath(demo_dir), builder, spec)
+
+
+def _with_demo_table(make_tables, builder: builder_lib.AgentBuilder, spec: types.EnvSpec):
+    # The demonstration table's items are the sampled table's: one codec decodes both.
+    return list(make_tables()) + [replay.demo_table(builder.item_codec(spec).signature())]
 
 
 class Loader:

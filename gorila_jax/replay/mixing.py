@@ -18,6 +18,7 @@ import jax
 import numpy as np
 import reverb
 
+from gorila_jax import config_checks
 from gorila_jax.replay import sampling
 
 DEMO_TABLE = "demonstrations"
@@ -44,15 +45,9 @@ def demo_table(signature: Any) -> reverb.Table:
     )
 
 
-def check_fraction(fraction: float) -> None:
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"the demonstration share of a batch must lie in (0, 1), got {fraction}")
-
-
 def demo_rows(rows: int, fraction: float) -> np.ndarray:
-    """[rows] bool: which rows of a batch are demonstrations, round(fraction * rows) of them,
-    evenly spread (row i is one where floor((i + 1) f) passes an integer)."""
-    check_fraction(fraction)
+    """[rows] bool: which rows of a batch are demonstrations, `config_checks.demo_row_count`
+    of them, evenly spread (row i is one where (i + 1) f, rounded half up, passes an integer)."""
     taken = np.floor(np.arange(rows + 1) * fraction + 0.5)
     return np.diff(taken) > 0
 
@@ -67,18 +62,20 @@ class MixedSampler:
     """
 
     def __init__(self, replay: Any, demos: Any, fraction: float):
-        check_fraction(fraction)
+        if not fraction:
+            raise ValueError("a MixedSampler needs a demonstration share above 0")
         self._replay, self._demos, self._fraction = replay, demos, fraction
 
     def batches(self, batch_size: int) -> Iterator[sampling.Batch]:
-        """As `ShardedSampler.batches`: ends when either table holds samples back (call again)."""
+        """As `ShardedSampler.batches`: ends when either table holds samples back (call again).
+
+        Raises:
+          ValueError: a share that leaves a batch of `batch_size` rows without a row of
+            either kind (`config_checks.check_demo_fraction`).
+        """
+        config_checks.check_demo_fraction(self._fraction, batch_size)
         demo = demo_rows(batch_size, self._fraction)
         count = int(demo.sum())
-        if count == 0 or count == batch_size:
-            raise ValueError(
-                f"a batch of {batch_size} rows at demonstration share {self._fraction} would "
-                f"hold {count} demonstration rows; both parts need at least one"
-            )
         own, demos = self._replay.batches(batch_size - count), self._demos.batches(count)
         for replay_batch in own:
             demo_batch = next(demos, None)

@@ -5,7 +5,6 @@ running one (elastic actors) with the same wiring.
 """
 
 import functools
-import os
 from typing import Any
 
 import portpicker
@@ -266,12 +265,9 @@ def _add_replay_shards(
     if num_shards > 1:
         make_tables = functools.partial(replay.shard_tables, make_tables, num_shards)
     # Demonstrations sit on the first shard only: a table of their own, filled when it starts.
-    first_shard = {}
+    first_tables, preload = make_tables, None
     if cfg.demos:
-        first_shard = {
-            "make_tables": functools.partial(_with_demo_table, make_tables, builder, spec),
-            "preload": demonstrations.Loader(os.path.abspath(cfg.demos), builder, spec),
-        }
+        first_tables, preload = demonstrations.first_shard(make_tables, cfg.demos, builder, spec)
     # One port per shard for the whole run: a restarted shard serves at the
     # same address, and Reverb's clients reconnect to it by themselves.
     ports = [cfg.replay_port + shard for shard in range(num_shards)] if cfg.replay_port else []
@@ -282,10 +278,9 @@ def _add_replay_shards(
     handles = []
     with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
         for shard, port in enumerate(ports):
-            shard_options = first_shard if shard == 0 else {}
             handle = program.add_node(
                 replay.ReplayNode,
-                shard_options.get("make_tables", make_tables),
+                first_tables if shard == 0 else make_tables,
                 port=port,
                 checkpoint_dir=(
                     checkpoint.replay_dir(cfg.logdir, shard, num_shards)
@@ -294,20 +289,13 @@ def _add_replay_shards(
                 ),
                 restore_step=restore_step,
                 any_port_if_taken=not cfg.replay_port,
-                preload=shard_options.get("preload"),
+                preload=preload if shard == 0 else None,
             )
             handles.append(handle)
     restart = functools.partial(_restart_replay, cfg.saves_checkpoints)
     for handle in handles:
         program.node(handle.name).restartable(restart)
     return handles
-
-
-def _with_demo_table(make_tables, builder: builder_lib.AgentBuilder, spec: types.EnvSpec):
-    """The agent's tables and the demonstration table, whose items are the sampled table's."""
-    tables = list(make_tables())
-    signature = builder.item_codec(spec).signature()
-    return tables + [replay.demo_table(signature)]
 
 
 def _restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
