@@ -6,6 +6,7 @@ this package imports `gorila_jax.replay` only, never its modules, so that
 another backend (a tiered store, for example) can sit behind these names.
 """
 
+from gorila_jax.replay.cold import ColdRows, ColdStore
 from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
 from gorila_jax.replay.compact import STORAGE_DTYPES, CompactFloats, observation_storage
 from gorila_jax.replay.duplicates import DuplicateCounter
@@ -37,6 +38,7 @@ from gorila_jax.replay.server import (
     newest_intact_checkpoint,
 )
 from gorila_jax.replay.sharded import ReplayShards, ShardedSampler, assigned_shard, shard_tables
+from gorila_jax.replay.tiers import COLD_CHECKPOINT, TierMetrics, Tiering, spill_table
 from gorila_jax.replay.tables import prioritized_table, queue_table, rate_limiter, uniform_table
 from gorila_jax.replay.writers import (
     NStepAccumulator,
@@ -49,6 +51,7 @@ from gorila_jax.replay.writers import (
 
 __all__ = [
     "CHECKPOINT_MANIFEST",
+    "COLD_CHECKPOINT",
     "CONNECTION_ERRORS",
     "DEMO_SOURCE",
     "DEMO_TABLE",
@@ -58,6 +61,8 @@ __all__ = [
     "UNKNOWN_SOURCE",
     "Batch",
     "CheckpointDamaged",
+    "ColdRows",
+    "ColdStore",
     "CompactFloats",
     "DuplicateCounter",
     "IncompatibleCheckpoint",
@@ -73,6 +78,8 @@ __all__ = [
     "SampledKeys",
     "ShardedSampler",
     "Stopped",
+    "TierMetrics",
+    "Tiering",
     "TrajectoryAdder",
     "TransitionWriter",
     "assigned_shard",
@@ -88,6 +95,7 @@ __all__ = [
     "row_keys",
     "sample_stream",
     "shard_tables",
+    "spill_table",
     "trajectory_example",
     "transition_codec",
     "uniform_table",

@@ -137,12 +137,20 @@ class PriorityUpdater:
         A `ReplayClient` whose update fails asks its node where it serves now,
         so that the next updates reach a shard restarted elsewhere.
       table: the table the keys were sampled from.
+      hot_priorities: {shard: its replay node} of tiered shards whose items take their
+        newest priority to the cold tier: each also gets its rows' content hashes and new
+        priorities (`ReplayNode.note_priorities`; keys need `hashes`).
     """
 
     def __init__(
-        self, clients: reverb.Client | Sequence[reverb.Client], table: str, max_queued: int = 8
+        self,
+        clients: reverb.Client | Sequence[reverb.Client],
+        table: str,
+        max_queued: int = 8,
+        hot_priorities: dict[int, Any] | None = None,
     ):
         self._clients = list(clients) if isinstance(clients, (list, tuple)) else [clients]
+        self._hot_priorities = hot_priorities or {}
         self._table = table
         self._queue: queue.Queue = queue.Queue(max_queued)
         self.updates_sent = 0  # mutate calls that succeeded (one per shard a batch touches)
@@ -179,10 +187,11 @@ class PriorityUpdater:
     def _update(
         self, keys: np.ndarray | SampledKeys, priorities: Any, scale: Any, bonus: Any
     ) -> None:
-        shards = demo = None
+        shards = demo = hashes = None
         if isinstance(keys, SampledKeys):
-            keys, shards, demo = keys.keys, keys.shards, keys.demo
+            keys, shards, demo, hashes = keys.keys, keys.shards, keys.demo, keys.hashes
             shards = None if shards is None else shards.reshape(-1)
+            hashes = None if hashes is None else hashes.reshape(-1)
         priorities = np.asarray(priorities, np.float64).reshape(-1)
         if bonus is not None:
             priorities = priorities + np.asarray(bonus, np.float64).reshape(-1)
@@ -197,12 +206,20 @@ class PriorityUpdater:
         if not sent.all():
             keys, priorities = keys[sent], priorities[sent]
             shards = None if shards is None else shards[sent]
+            hashes = None if hashes is None else hashes[sent]
         if shards is None:
-            self._send(0, keys, priorities)
-            return
+            shards = np.zeros(keys.shape, np.int32)
         for shard in np.unique(shards).tolist():
             owned = shards == shard
             self._send(shard, keys[owned], priorities[owned])
+            if shard in self._hot_priorities and hashes is not None:
+                self._note(shard, hashes[owned], priorities[owned])
+
+    def _note(self, shard: int, hashes: np.ndarray, priorities: np.ndarray) -> None:
+        try:
+            self._hot_priorities[shard].note_priorities(hashes, priorities)
+        except Exception:  # noqa: BLE001  a lost note: the item moves with an older priority
+            logging.exception("replay shard %d: hot priorities not noted", shard)
 
     def _send(self, shard: int, keys: np.ndarray, priorities: np.ndarray) -> None:
         if not keys.size:

@@ -12,7 +12,7 @@ import reverb
 import tensorflow as tf
 from reverb.cc.checkpointing import checkpoint_pb2
 
-from gorila_jax.replay import codec
+from gorila_jax.replay import codec, tiers
 
 
 # Any routable address: a UDP connect only picks the route toward it, nothing is sent.
@@ -146,6 +146,8 @@ class ReplayNode:
         restore), to write what the run starts with (demonstrations,
         `gorila_jax.demonstrations.Loader`, which skips a table a restored
         checkpoint already filled).
+      tiering: keep the sampled table's older items in a cold tier on disk
+        (`tiers.Tiering`, gorila_jax/replay/tiers.py); None: all in memory.
 
     Raises:
       PortInUse: `port` is taken by another process.
@@ -159,23 +161,27 @@ class ReplayNode:
         restore_step: int | None = None,
         any_port_if_taken: bool = False,
         preload: Callable[[reverb.Client], Any] | None = None,
+        tiering: tiers.Tiering | None = None,
     ):
         self._checkpoint_dir = checkpoint_dir
+        self._tiers: tiers.TierMover | None = None
         checkpointer = None
         expected_sizes = None
+        restore_path = None
         if checkpoint_dir is not None:
             if restore_step == NEWEST:
                 restore_step = newest_intact_checkpoint(checkpoint_dir)
-            restore_path = None
             if restore_step is not None:
                 restore_path = os.path.join(checkpoint_dir, str(restore_step))
                 expected_sizes = check_checkpoint(restore_path)
+                _check_tiers_match(restore_path, tiering)
             checkpointer = _checkpointer(checkpoint_dir, restore_path)
         elif restore_step is not None and restore_step != NEWEST:
             raise ValueError("restore_step needs a checkpoint_dir")
         else:
             restore_step = None  # NEWEST without checkpoints: an empty replay
-        tables = list(make_tables())
+        agent_tables = list(make_tables())
+        tables = agent_tables if tiering is None else tiering.tables(agent_tables)
         signatures = {table.info.name: table.info.signature for table in tables}
         if port is not None:
             try:
@@ -204,16 +210,25 @@ class ReplayNode:
                 restore_step,
                 expected_sizes,
             )
-        if preload is not None:
-            try:
+        try:
+            if tiering is not None:
+                self._tiers = tiers.TierMover(
+                    self._server.localhost_client(),
+                    tiering,
+                    agent_tables,
+                    restore_path if expected_sizes is not None else None,
+                )
+                self._restored["cold_items"] = self._tiers.restored_items
+            if preload is not None:
                 preload(self._server.localhost_client())
-            except BaseException:
-                self._server.stop()
-                raise
+        except BaseException:
+            self.close()
+            raise
 
     def restored_from(self) -> dict[str, Any]:
         """{"step": the learner step of the checkpoint restored (None: started empty),
-        "table_sizes": its table sizes, which the tables held right after the restore}."""
+        "table_sizes": its table sizes, which the tables held right after the restore,
+        and for a tiered replay "cold_items": what its cold tier held then}."""
         return dict(self._restored)
 
     def _check_restored(self, expected: dict[str, int], step: int) -> None:
@@ -286,7 +301,12 @@ class ReplayNode:
         """
         if self._checkpoint_dir is None:
             raise RuntimeError("this replay node was built without a checkpoint_dir")
-        written = self._server.localhost_client().checkpoint()
+        if self._tiers is None:
+            written = self._server.localhost_client().checkpoint()
+        else:
+            with self._tiers.paused():  # each item in exactly one of spill and cold
+                written = self._server.localhost_client().checkpoint()
+                self._tiers.checkpoint(written)
         sizes = _write_manifest(written)
         final = os.path.join(self._checkpoint_dir, str(step))
         if os.path.exists(final):
@@ -301,8 +321,54 @@ class ReplayNode:
             if name.isdigit() and int(name) not in kept:
                 shutil.rmtree(os.path.join(self._checkpoint_dir, name), ignore_errors=True)
 
+    # ------------------------------------------------------------ a tiered replay's cold tier
+
+    def cold_tier(self) -> dict[str, Any] | None:
+        """{"table": the tiered table, "prioritized": whether its priorities matter}; None:
+        not tiered."""
+        if self._tiers is None:
+            return None
+        return {"table": self._tiers.table, "prioritized": self._tiers.exponent is not None}
+
+    def cold_sample(self, count: int) -> tuple[Any, float, int]:
+        """`tiers.TierMover.sample`: up to `count` cold rows, the cold mass and size."""
+        return self._tiered().sample(count)
+
+    def cold_update(self, keys: Any, priorities: Any) -> int:
+        """New priorities of cold items by key; returns how many were still held."""
+        return self._tiered().update(keys, priorities)
+
+    def note_priorities(self, hashes: Any, priorities: Any) -> None:
+        """New priorities of hot items by content hash (they move to the cold tier with them)."""
+        self._tiered().note_priorities(hashes, priorities)
+
+    def tier_info(self) -> dict[str, float]:
+        """Items and bytes per tier, cold rows read, items moved (`tiers.TierMover.info`)."""
+        return self._tiered().info()
+
+    def _tiered(self) -> tiers.TierMover:
+        if self._tiers is None:
+            raise RuntimeError("this replay node has no cold tier (it was built without tiering)")
+        return self._tiers
+
     def close(self) -> None:
+        if self._tiers is not None:
+            self._tiers.close()  # its mover samples the server: it ends first
         self._server.stop()
+
+
+def _check_tiers_match(path: str, tiering: "tiers.Tiering | None") -> None:
+    """Raises IncompatibleCheckpoint if the checkpoint at `path` is tiered and the run is not,
+    or the other way round: either would lose the items of one tier."""
+    has_cold = os.path.exists(os.path.join(path, tiers.COLD_CHECKPOINT))
+    if has_cold == (tiering is not None):
+        return
+    held, asked = ("a tiered", "without one") if has_cold else ("an in-memory", "with tiers")
+    raise IncompatibleCheckpoint(
+        f"replay checkpoint {path} holds {held} replay and this run asks {asked} "
+        "(--replay_cold_dir, config.hot_replay_size): resume it as it was taken, or start "
+        "the run afresh"
+    )
 
 
 def _checkpointer(

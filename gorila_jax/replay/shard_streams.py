@@ -153,6 +153,11 @@ class ShardStream:
         self.mass: float | None = None  # None until a sample tells it
         self.table_size = 0
 
+    def know_mass(self) -> bool:
+        """Whether the shard's mass is known, pulling a chunk to learn it if not (False: none
+        came for a while)."""
+        return self.mass is not None or self.fill(1)
+
     def fill(self, count: int) -> bool:
         """Pulls chunks until `count` rows are buffered; False if none came for a while
         (the caller may stop, or call again).

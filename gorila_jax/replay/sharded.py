@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import reverb
 
-from gorila_jax.replay import codec, mixing, sampling, server, shard_streams
+from gorila_jax.replay import codec, mixing, sampling, server, shard_streams, tiers
 
 
 def assigned_shard(actor_index: int, num_shards: int) -> int:
@@ -87,6 +87,7 @@ class ReplayShards:
         self.nodes = list(nodes) if isinstance(nodes, (list, tuple)) else [nodes]
         if not self.nodes:
             raise ValueError("a replay needs at least one shard")
+        self._tiers: dict[int, dict[str, Any] | None] | None = None
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -101,7 +102,17 @@ class ReplayShards:
     ) -> "ShardedSampler | mixing.MixedSampler":
         """Batches of `table` across the shards; with `demo_fraction`, that share of every
         batch from the demonstration table on the first shard (`mixing.MixedSampler`)."""
-        own = ShardedSampler(self.nodes, table, codec, stop=stop, content_hashes=content_hashes)
+        cold = self.cold_tiers(table)
+        # A tiered prioritized replay moves each item's newest priority with it, by content.
+        content_hashes = content_hashes or any(tier["prioritized"] for tier in cold.values())
+        own = ShardedSampler(
+            self.nodes,
+            table,
+            codec,
+            stop=stop,
+            content_hashes=content_hashes,
+            cold_nodes=[self.nodes[shard] for shard in cold],
+        )
         if not demo_fraction:
             return own
         demos = ShardedSampler(
@@ -109,9 +120,25 @@ class ReplayShards:
         )
         return mixing.MixedSampler(own, demos, demo_fraction)
 
+    def cold_tiers(self, table: str) -> dict[int, dict[str, Any]]:
+        """{shard: its cold tier (`ReplayNode.cold_tier`)} of the shards whose `table` is tiered,
+        asked once per replay."""
+        if self._tiers is None:
+            self._tiers = {shard: node.cold_tier() for shard, node in enumerate(self.nodes)}
+        return {
+            shard: tier
+            for shard, tier in self._tiers.items()
+            if tier is not None and tier["table"] == table
+        }
+
     def priority_updater(self, table: str) -> sampling.PriorityUpdater:
-        """Sends priorities to the shard of each item, at the address each serves at now."""
-        return sampling.PriorityUpdater([server.ReplayClient(node) for node in self.nodes], table)
+        """Sends priorities to the shard of each item, at the address each serves at now,
+        and to the tier that holds it (streams K.. are the shards' cold tiers, as sampled)."""
+        cold = self.cold_tiers(table)
+        clients = [server.ReplayClient(node) for node in self.nodes]
+        clients += [tiers.ColdPriorities(self.nodes[shard]) for shard in cold]
+        noted = {shard: self.nodes[shard] for shard, tier in cold.items() if tier["prioritized"]}
+        return sampling.PriorityUpdater(clients, table, hot_priorities=noted)
 
     def checkpoint(self, step: int) -> dict[str, Any]:
         """Checkpoints every shard as learner step `step`.
@@ -176,6 +203,8 @@ class ShardedSampler:
         as for `sampling.batches`.
       content_hashes: each batch carries its items' content hashes
         (`sampling.Batch.hashes`; needs `codec`).
+      cold_nodes: nodes whose cold tier is sampled as well (`tiers.ColdStream`), as
+        streams K, K+1, ... after the K shards, in the mass split like a shard.
     """
 
     def __init__(
@@ -190,10 +219,12 @@ class ShardedSampler:
         rate_limiter_timeout_ms: int = 1000,
         num_workers: int = 2,
         content_hashes: bool = False,
+        cold_nodes: Sequence[Any] = (),
     ):
         if content_hashes and codec is None:
             raise ValueError("content hashes need packed items: give the sampler their codec")
         self._nodes, self._table, self._codec = list(nodes), table, codec
+        self._cold_nodes = list(cold_nodes)
         self._content_hashes = content_hashes
         self._stop = stop or threading.Event()
         self._probe_after_s = probe_after_s
@@ -203,12 +234,13 @@ class ShardedSampler:
             num_workers=num_workers,
         )
         self._rng = np.random.default_rng(seed)
-        self._streams: list[shard_streams.ShardStream] = []
+        self._streams: list[shard_streams.ShardStream | tiers.ColdStream] = []
         self._batch_size = 0  # the batch size the streams' chunks are cut for
 
     @property
     def num_shards(self) -> int:
-        return len(self._nodes)
+        """Streams sampled: the shards, and their cold tiers after them."""
+        return len(self._nodes) + len(self._cold_nodes)
 
     def batches(self, batch_size: int) -> Iterator[sampling.Batch]:
         """Batches of `batch_size` rows; as `sampling.batches`, the iterator ends when a
@@ -234,11 +266,15 @@ class ShardedSampler:
                 )
                 for node in self._nodes
             ]
+            wait_s = self._settings["rate_limiter_timeout_ms"] / 1000
+            self._streams += [
+                tiers.ColdStream(node, chunk_rows, wait_s) for node in self._cold_nodes
+            ]
             self._batch_size = batch_size
         if self.num_shards > 1:
             # Every shard's mass is known before the first split.
             for stream in self._streams:
-                if stream.mass is None and not stream.fill(1):
+                if not stream.know_mass():
                     return
         while True:
             counts = self._split(batch_size)

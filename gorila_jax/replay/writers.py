@@ -9,7 +9,7 @@ import reverb
 import tree
 
 from gorila_jax import types
-from gorila_jax.replay import codec
+from gorila_jax.replay import codec, tiers
 
 
 class NStepAccumulator:
@@ -135,6 +135,10 @@ class TransitionWriter:
     ):
         self._table = table
         self._client = client
+        # A tiered replay's spill queue gets every item too (gorila_jax/replay/tiers.py).
+        self._tables = [table]
+        if tiers.spill_table(table) in client.server_info():
+            self._tables.append(tiers.spill_table(table))
         self._writer = client.trajectory_writer(num_keep_alive_refs=1)
         self._max_pending = max_pending
         self._pending = 0
@@ -150,9 +154,10 @@ class TransitionWriter:
         squeeze = [True] * len(columns)
         cpp_writer = self._writer._writer  # see the class docstring
         for i, priority in enumerate(np.asarray(priorities, np.float64).tolist()):
-            refs = cpp_writer.Append([column[i] for column in columns])
-            cpp_writer.CreateItem(self._table, priority, [[ref] for ref in refs], squeeze)
-            self._pending += 1
+            refs = [[ref] for ref in cpp_writer.Append([column[i] for column in columns])]
+            for table in self._tables:
+                cpp_writer.CreateItem(table, priority, refs, squeeze)
+            self._pending += len(self._tables)
             if self._pending >= self._max_pending:
                 self.flush(block_until_num_items=self._max_pending // 2)
 

@@ -59,9 +59,10 @@ def _tables(max_size: int = 1000):
     return [replay.prioritized_table(TABLE, max_size, EXPONENT, limiter, CODEC.signature())]
 
 
-def _fill(node: replay.ReplayNode, shard: int, priorities: np.ndarray) -> None:
+def _fill(node: replay.ReplayNode, shard: int, priorities: np.ndarray, first: int = 0) -> None:
+    """Writes items of `priorities`, numbered from `first` on, through the actors' writer."""
     count = len(priorities)
-    items = np.stack([np.full(count, shard), np.arange(count), priorities], axis=1)
+    items = np.stack([np.full(count, shard), first + np.arange(count), priorities], axis=1)
     writer = replay.TransitionWriter(reverb.Client(node.address()), TABLE)
     try:
         writer.write(CODEC.encode(items), priorities)
