@@ -165,6 +165,11 @@ class AgentBuilder(Protocol):
         """The share of every learner batch drawn from demonstrations (`replay.MixedSampler`):
         0 without them; None for an agent that cannot learn from them (on-policy PPO)."""
 
+    @property
+    def replay_tiers(self) -> tuple[int, int] | None:
+        """(hot, cold) items of its sampled table when tiered (`replay.Tiering`: the newest
+        in memory, older ones on disk); None: all in memory, always for on-policy agents."""
+
     def replay_tables(self, spec: types.EnvSpec) -> Sequence[reverb.Table]: ...
 
     def make_adder(

@@ -137,6 +137,42 @@ def demo_row_count(rows: int, fraction: float) -> int:
     return math.floor(rows * fraction + 0.5)
 
 
+def replay_tiers(
+    hot_size: int, cold_size: int, max_size: int, min_size: int
+) -> tuple[int, int] | None:
+    """(hot, cold) items of a tiered replay (gorila_jax/replay/tiers.py), from
+    config.hot_replay_size and config.cold_replay_size (0: the rest of max_replay_size);
+    None when hot_replay_size is 0 (everything in memory).
+
+    Raises:
+      ValueError: naming the field whose value cannot work.
+    """
+    if hot_size < 0 or cold_size < 0:
+        raise ValueError(
+            f"config.hot_replay_size and config.cold_replay_size must be >= 0, got {hot_size} "
+            f"and {cold_size}"
+        )
+    if not hot_size:
+        if cold_size:
+            raise ValueError(
+                f"config.cold_replay_size={cold_size} needs a tiered replay: set "
+                "config.hot_replay_size, the items kept in memory"
+            )
+        return None
+    cold_size = cold_size or max_size - hot_size
+    if cold_size < 1:
+        raise ValueError(
+            f"config.hot_replay_size={hot_size} leaves no cold tier of "
+            f"config.max_replay_size={max_size}: make it smaller, or set config.cold_replay_size"
+        )
+    if min_size > hot_size:
+        raise ValueError(
+            f"config.min_replay_size={min_size} exceeds config.hot_replay_size={hot_size}: the "
+            "learner starts once the hot tier holds min_replay_size items"
+        )
+    return hot_size, cold_size
+
+
 def check_demo_fraction(fraction: float, batch_size: int) -> None:
     """config.demo_fraction: 0 (no demonstrations), or a share that leaves every batch of
     `batch_size` rows at least one demonstration row and one of the agent's own."""

@@ -163,6 +163,7 @@ def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
     spec = envs.env_spec(exp_config.env_id)
     builder.validate(exp_config.num_learner_devices or 1, spec)
     demonstrations.check_run(exp_config.demos, builder, spec, presets.agents_taking_demos())
+    exp_config.replay_tiering(builder)
     if exp_config.learner_mode == "gorila":
         mode.check_agent(builder, spec)
 

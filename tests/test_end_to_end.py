@@ -7,6 +7,7 @@ evaluation (10 episodes after the whole budget).
 """
 
 import csv
+import dataclasses
 import glob
 import json
 import os
@@ -44,6 +45,22 @@ def test_dqn_solves_cartpole_and_holds_it_to_the_end_of_its_budget(tmp_path):
     _assert_run_files(tmp_path, summary)
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
     _assert_q_within_the_largest_return(rows, builder.config.discount)
+
+
+@pytest.mark.slow
+def test_dqn_solves_cartpole_with_most_of_its_replay_on_disk(tmp_path):
+    """A tiered replay: 10k items in memory, the rest of the preset's 120k on disk."""
+    builder, exp = _cartpole(tmp_path, launcher="local", total_env_steps=60_000)
+    builder = dqn.DQNBuilder(dataclasses.replace(builder.config, hot_replay_size=10_000))
+    summary = experiment.run_experiment(builder, exp)
+    _assert_solved_at_the_end(summary, exp)
+    last = list(csv.DictReader(open(tmp_path / "metrics.csv")))[-1]
+    assert float(last["replay/hot_items"]) == 10_000
+    assert float(last["replay/cold_items"]) > 3 * 10_000, "most items moved to disk"
+    assert float(last["replay/cold_bytes"]) > 0
+    # Sampled by mass: the cold tier holds most of it, and gives most rows.
+    assert float(last["replay/cold_share"]) > 0.5
+    assert os.path.getsize(tmp_path / "replay_cold" / "items.u8") > 0
 
 
 def _assert_solved_at_the_end(summary, exp, threshold: float = 475.0) -> None:

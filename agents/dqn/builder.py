@@ -64,6 +64,10 @@ class DQNBuilder:
     def demo_fraction(self) -> float:
         return self.config.demo_fraction
 
+    @property
+    def replay_tiers(self) -> tuple[int, int] | None:
+        return self.config.replay_tiers
+
     def duplicate_counter(self) -> replay.DuplicateCounter | None:
         cfg = self.config
         if not cfg.priority_duplicate_bonus:

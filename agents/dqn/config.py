@@ -76,6 +76,10 @@ class DQNConfig:
         N the actors that wrote the same transition (`replay.DuplicateCounter`, brief 2.2);
         0 (the default) leaves priorities as they are. It lifts the transitions several
         actors found: those of deterministic envs with actors on the same seed.
+      hot_replay_size: 0: the whole replay in memory. N > 0: a tiered replay
+        (gorila_jax/replay/tiers.py, docs/tiered_replay.md): the newest N items in
+        memory, older ones on disk under --replay_cold_dir.
+      cold_replay_size: the items on disk; 0: the rest of max_replay_size.
       demo_fraction: the share of every learner batch drawn from demonstrations
         (`--demos`, docs/demonstrations.md); 0 (the default): none.
       demo_margin_weight: lambda of DQfD's large-margin loss on demonstration rows
@@ -123,6 +127,8 @@ class DQNConfig:
     importance_exponent_anneal_steps: int = 1_000_000
     priority_epsilon: float = 1e-6
     initial_priority: float = 1.0
+    hot_replay_size: int = 0
+    cold_replay_size: int = 0
     priority_duplicate_bonus: float = 0.0
     demo_fraction: float = 0.0
     demo_margin_weight: float = 0.0
@@ -132,6 +138,13 @@ class DQNConfig:
     epsilon_decay_steps: int = 1_000_000
     epsilon_end_spread: float = 0.0
     eval_epsilon: float = 0.001
+
+    @property
+    def replay_tiers(self) -> tuple[int, int] | None:
+        """(hot, cold) items of a tiered replay; None: all in memory."""
+        return config_checks.replay_tiers(
+            self.hot_replay_size, self.cold_replay_size, self.max_replay_size, self.min_replay_size
+        )
 
     def validate(self, num_devices: int) -> None:
         """Raises ValueError naming the first field whose value cannot work."""
@@ -170,6 +183,7 @@ class DQNConfig:
             ),
         )
         config_checks.check_demo_fraction(self.demo_fraction, self.batch_size)
+        self.replay_tiers  # noqa: B018  raises ValueError for bad tier sizes
         if self.demo_margin_weight and not self.demo_fraction:
             raise ValueError(
                 "config.demo_margin_weight > 0 needs demonstrations: set config.demo_fraction "

@@ -75,6 +75,10 @@ class PPOBuilder:
     def demo_fraction(self) -> None:
         return None  # on-policy: it learns from its own policy's steps only
 
+    @property
+    def replay_tiers(self) -> None:
+        return None  # on-policy: no old items to keep
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         capacity = self.config.queue_batches * self.config.global_batch_size
         return [replay.queue_table(TABLE, capacity, self.item_codec(spec).signature())]

@@ -71,6 +71,10 @@ class SACBuilder:
     def demo_fraction(self) -> float:
         return self.config.demo_fraction
 
+    @property
+    def replay_tiers(self) -> tuple[int, int] | None:
+        return self.config.replay_tiers
+
     def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
         cfg = self.config
         rows = cfg.batch_size * cfg.updates_per_dispatch  # what one sample call takes

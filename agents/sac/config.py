@@ -61,6 +61,10 @@ class SACConfig:
         they are), "bfloat16" (2 bytes a number) or "float8_e4m3" (1 byte, with a
         per-feature scale fixed from a random policy's observations); the
         learner decodes them on its device (gorila_jax/replay/compact.py).
+      hot_replay_size: 0: the whole replay in memory. N > 0: a tiered replay
+        (gorila_jax/replay/tiers.py, docs/tiered_replay.md): the newest N items in
+        memory, older ones on disk under --replay_cold_dir.
+      cold_replay_size: the items on disk; 0: the rest of max_replay_size.
       demo_fraction: the share of every learner batch drawn from demonstrations
         (`--demos`, docs/demonstrations.md); 0 (the default): none.
     """
@@ -86,11 +90,20 @@ class SACConfig:
     precision: str = "fp32"
     actor_params_dtype: str = "float32"
     replay_obs_dtype: str = "float32"
+    hot_replay_size: int = 0
+    cold_replay_size: int = 0
     demo_fraction: float = 0.0
 
     def target_entropy(self, action_dim: int) -> float:
         """The entropy the temperature steers the policy towards: -|A| by default."""
         return self.target_entropy_per_dim * action_dim
+
+    @property
+    def replay_tiers(self) -> tuple[int, int] | None:
+        """(hot, cold) items of a tiered replay; None: all in memory."""
+        return config_checks.replay_tiers(
+            self.hot_replay_size, self.cold_replay_size, self.max_replay_size, self.min_replay_size
+        )
 
     def validate(self, num_devices: int) -> None:
         """Raises ValueError naming the first field whose value cannot work."""
@@ -120,6 +133,7 @@ class SACConfig:
             unit_interval=("discount", "tau"),
         )
         config_checks.check_demo_fraction(self.demo_fraction, self.batch_size)
+        self.replay_tiers  # noqa: B018  raises ValueError for bad tier sizes
         if not self.hidden_sizes or any(size <= 0 for size in self.hidden_sizes):
             raise ValueError(f"config.hidden_sizes must be positive, got {self.hidden_sizes}")
         if self.log_std_min >= self.log_std_max:

@@ -265,7 +265,7 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         """What the monitor logs of this worker: its counters and its agent's latest metrics
         (not its rows per actor: one column per actor and worker; the balance report has them)."""
         counters = {k: v for k, v in counters.items() if not k.startswith(balance.SAMPLED_PREFIX)}
-        values = {**self.latest_metrics(), **counters}
+        values = {**self.latest_metrics(), **self._replay_metrics(), **counters}
         return {f"worker{self._index}/{name}": value for name, value in values.items()}
 
     def _report(self, block: bool = True) -> None:

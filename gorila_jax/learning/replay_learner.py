@@ -70,6 +70,7 @@ class ReplayLearnerNode(program.Worker):
         self._sampled = balance.SampledRows(restored_counters)
         self._duplicates = builder.duplicate_counter()
         self._prefetcher: prefetch.DevicePrefetcher | None = None
+        self._tiers: replay.TierMetrics | None = None  # a tiered replay's metrics
         self._priorities: replay.PriorityUpdater | None = None
         # Held while sampling starts or ends: `close` (the launcher's thread) then waits
         # for an end that `run` (the node's thread) began, instead of returning while
@@ -128,6 +129,9 @@ class ReplayLearnerNode(program.Worker):
             make_batches, self._rows_to_sample, self._devices, self._stop_event
         )
         self._priorities = self._replay.priority_updater(self._builder.sample_table)
+        tiered = self._replay.cold_tiers(self._builder.sample_table)
+        if tiered and self._tiers is None:
+            self._tiers = replay.TierMetrics(self._replay.nodes, list(tiered))
 
     def _next_batch(self, timeout: float) -> tuple[np.ndarray, Any] | None:
         """The next (keys, device batch), sampling from the first call on; None after `timeout`."""
@@ -148,6 +152,8 @@ class ReplayLearnerNode(program.Worker):
         if keys is None:
             return
         scale = self._sampled.count(keys)
+        if self._tiers is not None:
+            self._tiers.count(getattr(keys, "shards", None))
         bonus = None
         if self._duplicates is not None:
             bonus = self._duplicates.bonus(keys.hashes, keys.sources)
@@ -162,6 +168,10 @@ class ReplayLearnerNode(program.Worker):
             prefetcher, priorities = self._prefetcher, self._priorities
             self._prefetcher = self._priorities = None
             prefetch.end_sampling(prefetcher, priorities)
+
+    def _replay_metrics(self) -> dict[str, float]:
+        """A tiered replay's items, bytes and reads per tier, and this node's rows from each."""
+        return {} if self._tiers is None else self._tiers.metrics()
 
     def set_sample_weights(self, weights: dict[int, float]) -> None:
         """Data balance ("downweight"): new priorities of actor i's items are multiplied by

@@ -208,6 +208,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             metrics = {k: float(np.asarray(v)[0]) for k, v in self._last_info.metrics.items()}
             metrics["batch_size"] = self._last_batch_size
         metrics["params_bytes_served"] = float(self.params_bytes_served())
+        metrics.update(self._replay_metrics())
         report = self._monitor.report if block else self._monitor.futures.report
         report(self._name, self._heartbeat_counters(), metrics=metrics)
 

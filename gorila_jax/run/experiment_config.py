@@ -6,7 +6,10 @@ launch/train.py makes its flag from it and `validate` runs its check.
 
 import dataclasses
 
-from gorila_jax import config_checks, envs
+import os
+from typing import Any
+
+from gorila_jax import config_checks, envs, replay
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
 from gorila_jax.gorila import compression
@@ -95,6 +98,12 @@ class ExperimentConfig:
         "replay",
         "Directory of demonstration episodes (python -m launch.record, docs/demonstrations.md) "
         "that learners sample at --config.demo_fraction of every batch (off-policy agents).",
+    )
+    replay_cold_dir: str | None = setting(
+        None,
+        "replay",
+        "Where a tiered replay (--config.hot_replay_size) keeps its cold tier, on each replay "
+        "host's local disk (docs/tiered_replay.md); default <logdir>/replay_cold.",
     )
     num_replay_shards: int = setting(
         1,
@@ -377,6 +386,24 @@ class ExperimentConfig:
                 f"the shards' ports replay_port .. replay_port + {self.num_replay_shards - 1} "
                 "must stay below 65536"
             )
+
+    def replay_tiering(self, builder: Any) -> replay.Tiering | None:
+        """The tiers of the agent's replay (`builder.replay_tiers`, in the cold directory);
+        None: all in memory.
+
+        Raises:
+          ValueError: --replay_cold_dir for a replay that is not tiered.
+        """
+        sizes = builder.replay_tiers
+        if sizes is None:
+            if self.replay_cold_dir:
+                raise ValueError(
+                    f"--replay_cold_dir={self.replay_cold_dir} is for a tiered replay: set "
+                    "--config.hot_replay_size (items kept in memory; off-policy agents)"
+                )
+            return None
+        cold_dir = self.replay_cold_dir or os.path.join(self.logdir, "replay_cold")
+        return replay.Tiering(builder.sample_table, *sizes, os.path.abspath(cold_dir))
 
     def _check_resume(self) -> None:
         """`resume` needs checkpoints in logdir, of as many replay shards as this run has."""

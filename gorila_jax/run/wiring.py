@@ -268,6 +268,7 @@ def _add_replay_shards(
     first_tables, preload = make_tables, None
     if cfg.demos:
         first_tables, preload = demonstrations.first_shard(make_tables, cfg.demos, builder, spec)
+    tiering = cfg.replay_tiering(builder)
     # One port per shard for the whole run: a restarted shard serves at the
     # same address, and Reverb's clients reconnect to it by themselves.
     ports = [cfg.replay_port + shard for shard in range(num_shards)] if cfg.replay_port else []
@@ -290,6 +291,7 @@ def _add_replay_shards(
                 restore_step=restore_step,
                 any_port_if_taken=not cfg.replay_port,
                 preload=preload if shard == 0 else None,
+                tiering=tiering and tiering.for_shard(shard, num_shards),
             )
             handles.append(handle)
     restart = functools.partial(_restart_replay, cfg.saves_checkpoints)

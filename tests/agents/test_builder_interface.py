@@ -55,6 +55,7 @@ def test_the_contract_is_what_the_skeleton_calls():
         "replay_tables",
         "duplicate_counter",
         "demo_fraction",
+        "replay_tiers",
         "make_adder",
         "init_train_state",
         "update_fns",

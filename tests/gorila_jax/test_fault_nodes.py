@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 
+import numpy as np
 import pytest
 
 from agents import dqn
@@ -414,11 +415,28 @@ def _replay_restored_from() -> dict:
     raise AssertionError("no replay node in the Ray cluster")
 
 
+def _cold_items(checkpoint_path: str) -> int | None:
+    """Items the cold tier held in a tiered replay's checkpoint (None: not tiered)."""
+    path = os.path.join(checkpoint_path, replay.COLD_CHECKPOINT)
+    if not os.path.exists(path):
+        return None
+    with np.load(path) as record:
+        return int(np.count_nonzero(record["slots"] >= 0))
+
+
 @pytest.mark.slow
-def test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect(tmp_path, ray_options):
+@pytest.mark.parametrize(
+    "hot_replay_size",
+    [0, pytest.param(300, marks=pytest.mark.extended)],  # CI: test_tiered_replay.py restarts
+    ids=["in_memory", "tiered"],
+)
+def test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect(
+    tmp_path, ray_options, hot_replay_size
+):
     settings = {**_RAY_SETTINGS, "num_actors": 1, "checkpoint_interval_steps": 40}
     cfg = _experiment(tmp_path, total_env_steps=10**9, **settings)
     replay_dir = checkpoint.replay_dir(tmp_path)
+    config = dataclasses.replace(CONFIG, hot_replay_size=hot_replay_size)
 
     def kill_replay():
         assert fakes.wait_until(
@@ -427,6 +445,7 @@ def test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect(tmp_pa
         )
         newest = replay.newest_intact_checkpoint(replay_dir)
         sizes = replay.check_checkpoint(os.path.join(replay_dir, str(newest)))
+        cold_items = _cold_items(os.path.join(replay_dir, str(newest)))
         status = _node_status(tmp_path)
         old_pid = status["replay/0"]["pid"]
         killed_at = {
@@ -446,12 +465,13 @@ def test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect(tmp_pa
         return {
             "newest": newest,
             "sizes": sizes,
+            "cold_items": cold_items,
             "killed_at": killed_at,
             "recovered": recovered,
             "restored": _replay_restored_from() if recovered else None,
         }
 
-    summary, seen = _run_with(dqn.DQNBuilder(CONFIG), cfg, ray_options, kill_replay)
+    summary, seen = _run_with(dqn.DQNBuilder(config), cfg, ray_options, kill_replay)
     assert seen["recovered"], "actor and learner did not go on after the replay restart"
     (restart,) = summary["restarts"]  # the replay's only: nobody else crashed meanwhile
     assert restart["node"] == "replay/0" and "died" in restart["reason"]
@@ -459,6 +479,8 @@ def test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect(tmp_pa
     assert restored["step"] >= seen["newest"] > 0
     for table, size in seen["sizes"].items():
         assert restored["table_sizes"][table] >= size > 0
+    if hot_replay_size:  # both tiers came back: the cold one holds at least the checkpoint's
+        assert restored["cold_items"] >= seen["cold_items"] > 0
     assert summary["learner_steps"] > seen["killed_at"]["learner_steps"] + 40
     assert summary["env_steps"] > seen["killed_at"]["env_steps"] + 300
     rows = _csv_rows(tmp_path)

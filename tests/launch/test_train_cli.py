@@ -124,6 +124,10 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         ),
         ({"agent": "ppo", "demos": "/tmp"}, "learns on-policy.*agents that can: dqn, sac, qrdqn"),
         ({"config": {"demo_fraction": 0.25}}, "needs --demos=DIR"),
+        ({"config": {"hot_replay_size": 500}}, "min_replay_size=1000 exceeds .*hot_replay_size"),
+        ({"config": {"hot_replay_size": 120_000}}, "leaves no cold tier"),
+        ({"config": {"cold_replay_size": 10_000}}, "needs a tiered replay"),
+        ({"replay_cold_dir": "/tmp/cold"}, "is for a tiered replay: set --config.hot_replay_size"),
     ],
 )
 def test_a_bad_setting_is_refused_before_anything_starts(inputs, message):
