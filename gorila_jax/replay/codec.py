@@ -146,9 +146,7 @@ class ItemCodec:
         Raises:
           ValueError: as `decode`.
         """
-        packed = self._check(packed, table)
-        trailer = np.ascontiguousarray(packed[:, self.payload_bytes :])
-        return trailer.view(_SOURCE_DTYPE).reshape(-1)
+        return packed_sources(self._check(packed, table))
 
     def content_hashes(self, packed: np.ndarray, table: str | None = None) -> np.ndarray:
         """[B, num_bytes] uint8 -> [B] uint64, a hash of each item's content (the source
@@ -162,6 +160,13 @@ class ItemCodec:
           ValueError: as `decode`.
         """
         return packed_hashes(self._check(packed, table))
+
+
+def packed_sources(packed: np.ndarray) -> np.ndarray:
+    """[B, num_bytes] packed items -> [B] int32, the actor that wrote each (`ItemCodec.sources`,
+    for a holder of packed items without their codec)."""
+    trailer = np.ascontiguousarray(np.asarray(packed)[:, -SOURCE_BYTES:])
+    return trailer.view(_SOURCE_DTYPE).reshape(-1)
 
 
 def packed_hashes(packed: np.ndarray) -> np.ndarray:

@@ -38,13 +38,15 @@ def concatenate(parts: list[Rows]) -> Rows:
     return tree.map_structure(lambda *leaves: np.concatenate(leaves), *parts)
 
 
-def _slice(rows: Rows, start: int, stop: int) -> Rows:
+def slice_rows(rows: Rows, start: int, stop: int | None = None) -> Rows:
+    """Rows `start` up to `stop` (None: the end)."""
     return tree.map_structure(lambda leaf: leaf[start:stop], rows)
 
 
-def _priority_exponent(address: str, table: str) -> float | None:
-    """The exponent of `table`'s prioritized sampler; None for any other sampler."""
-    options = reverb.Client(address).server_info()[table].sampler_options
+def priority_exponent(table_info: Any) -> float | None:
+    """The exponent of a table's prioritized sampler (its `reverb.Table.info`, or the
+    server's `server_info()[name]`); None for any other sampler."""
+    options = table_info.sampler_options
     if options.WhichOneof("distribution") != "prioritized":
         return None
     return options.prioritized.priority_exponent
@@ -94,7 +96,8 @@ class _Puller(threading.Thread):
         # stops never returns.
         try:
             if self._with_exponent:
-                self.exponent = _priority_exponent(self.address, self._table)
+                info = reverb.Client(self.address).server_info()[self._table]
+                self.exponent = priority_exponent(info)
             samples = sampling.sample_stream(
                 self.address, self._table, self._chunk_rows, **self._settings
             )
@@ -263,7 +266,7 @@ class ShardStream:
             start = self._offset
             stop = min(size, start + count)
             whole = start == 0 and stop == size
-            parts.append(oldest if whole else _slice(oldest, start, stop))
+            parts.append(oldest if whole else slice_rows(oldest, start, stop))
             count -= stop - start
             self.buffered -= stop - start
             if stop == size:

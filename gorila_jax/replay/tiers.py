@@ -152,10 +152,10 @@ def _spill_slack(limits: Any) -> int:
 class _Ratio:
     """The hot table's samples-per-insert settings, applied to hot + cold samples together."""
 
-    def __init__(self, limits: Any, max_diff: float):
+    def __init__(self, limits: Any):
         self.samples_per_insert = limits.samples_per_insert
         self.min_size = limits.min_size_to_sample
-        self.min_diff, self.max_diff = limits.min_diff, max_diff
+        self.min_diff, self.max_diff = limits.min_diff, limits.max_diff
 
     def samples_allowed(self, table: Any, cold_samples: int) -> float:
         """How many more rows may be sampled now (may be infinite)."""
@@ -192,13 +192,8 @@ class TierMover:
     ):
         self._client, self._tiering = client, tiering
         info = next(t.info for t in agent_tables if t.name == tiering.table)
-        options = info.sampler_options
-        self.exponent = (
-            options.prioritized.priority_exponent
-            if options.WhichOneof("distribution") == "prioritized"
-            else None
-        )
-        self._ratio = _Ratio(info.rate_limiter_info, info.rate_limiter_info.max_diff)
+        self.exponent = shard_streams.priority_exponent(info)
+        self._ratio = _Ratio(info.rate_limiter_info)
         self._store = cold.ColdStore(
             tiering.cold_dir, tiering.cold_size, info.signature.shape[0], self.exponent
         )
@@ -275,9 +270,7 @@ class TierMover:
             items = self._staging(len(samples))
             for row, sample in zip(items, samples):
                 row[:] = sample.data
-            real = items[:, -codec.SOURCE_BYTES :].copy().view(np.int32)[:, 0] != (
-                _PLACEHOLDER_SOURCE
-            )
+            real = codec.packed_sources(items) != _PLACEHOLDER_SOURCE
             if not real.all():
                 items = items[real]
                 samples = [sample for sample, keep in zip(samples, real) if keep]
@@ -422,21 +415,13 @@ class ColdStream:
 
     def take(self, count: int) -> shard_streams.Rows:
         rows = shard_streams.concatenate(self._rows)
-        self._rows = [] if count == len(rows.keys) else [_tail(rows, count)]
+        self._rows = [] if count == len(rows.keys) else [shard_streams.slice_rows(rows, count)]
         self.buffered -= count
-        return _head(rows, count)
+        return shard_streams.slice_rows(rows, 0, count)
 
     def close(self, deadline: float) -> None:
         del deadline  # nothing runs in the background
         self._rows, self.buffered = [], 0
-
-
-def _head(rows: shard_streams.Rows, count: int) -> shard_streams.Rows:
-    return shard_streams.Rows(*(field[:count] for field in rows))
-
-
-def _tail(rows: shard_streams.Rows, count: int) -> shard_streams.Rows:
-    return shard_streams.Rows(*(field[count:] for field in rows))
 
 
 class ColdPriorities:
