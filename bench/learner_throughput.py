@@ -108,7 +108,9 @@ def measure(config, spec, address: str, seconds: float) -> dict:
         address, dqn.builder.TABLE, config.batch_size, builder.item_codec(spec)
     )
     b = _rate(lambda: next(batches), seconds)
-    replay_handle = type("Replay", (), {"address": lambda self: address})()
+    replay_handle = type(
+        "Replay", (), {"address": lambda self: address, "cold_tier": lambda self: None}
+    )()
     node = learner.LearnerNode(builder, spec, replay_handle, None, seed=0)
     # node.step returns once the update is dispatched; fetching the published
     # parameters waits for the last one, so only finished updates count.
