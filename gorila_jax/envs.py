@@ -235,7 +235,9 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
         reason = str(error).splitlines()[0] if str(error) else ""
         raise ValueError(f"{env_id}: envpool cannot load it here ({reason})") from None
     try:
-        obs_space, act_space = spec.observation_space, spec.action_space
+        # The gymnasium spaces by name: envpool 0.8 (the Launchpad set) gives gym's as
+        # `observation_space`, envpool 1.2 gymnasium's; both have these.
+        obs_space, act_space = spec.gymnasium_observation_space, spec.gymnasium_action_space
         problems = [
             _space_problem(env_id, "observations", obs_space),
             _space_problem(env_id, "actions", act_space),

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -23,7 +24,6 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from gorila_jax import parallel
-from gorila_jax.distributed import placement
 
 # XLA's flag for the number of fake CPU devices; read when the CPU backend starts.
 _CPU_DEVICE_FLAG = "--xla_force_host_platform_device_count"
@@ -83,7 +83,13 @@ def host_address() -> str:
     Under Ray, the node's IP (what Ray itself uses between nodes); otherwise
     the address the host name resolves to.
     """
-    return placement.node_ip_address() or socket.gethostbyname(socket.gethostname())
+    if "ray" in sys.modules:  # never imported for this: the Launchpad set has no Ray
+        from gorila_jax.distributed import placement
+
+        address = placement.node_ip_address()
+        if address:
+            return address
+    return socket.gethostbyname(socket.gethostname())
 
 
 class Rendezvous:

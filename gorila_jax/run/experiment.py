@@ -286,8 +286,12 @@ def _checkpoint_template(
     return lambda: builder_lib.initial_train_state(builder, spec, cfg.seed)
 
 
-def _set_ray_options(cfg: ExperimentConfig, launcher_options: dict[str, Any]) -> None:
-    """Fills the ray launcher's options from `cfg` where the caller did not set them."""
+def _set_launcher_options(cfg: ExperimentConfig, launcher_options: dict[str, Any]) -> None:
+    """Fills the launcher's options from `cfg` where the caller did not set them."""
+    if cfg.launcher == "launchpad":
+        print(launchers.LAUNCHPAD_LIMITS, flush=True)
+        launcher_options.setdefault("launch_type", cfg.launchpad_launch_type)
+        launcher_options.setdefault("log_dir", os.path.join(cfg.logdir, "launchpad"))
     if cfg.launcher == "ray" and cfg.ray_address:
         launcher_options.setdefault("address", cfg.ray_address)
     if cfg.launcher == "ray" and cfg.max_restarts:
@@ -346,7 +350,7 @@ def run_experiment(
     template = _checkpoint_template(builder, cfg, spec)
     resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
     program = make_program(builder, cfg, spec, resume)
-    _set_ray_options(cfg, launcher_options)
+    _set_launcher_options(cfg, launcher_options)
     resume_env_steps = checkpoint.total(resume.meta, "env_steps") if resume else None
     logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps)
     # A resumed run's clock goes on from the last row kept: wall time stays the x-axis.

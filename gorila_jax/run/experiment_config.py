@@ -35,8 +35,16 @@ class ExperimentConfig:
     launcher: str = setting(
         "ray",
         "run",
-        "Where nodes run: local (threads of one process) or ray (a process each).",
+        "Where nodes run: local (threads of one process), ray (a process each), or launchpad "
+        "(dm-launchpad courier nodes; the Launchpad set only, see BUILD_NOTES.md).",
         choices=launchers.LAUNCHERS,
+    )
+    launchpad_launch_type: str = setting(
+        "local_mp",
+        "run",
+        "Launchpad's launch type under launcher=launchpad: local_mp (a process per node) or "
+        "local_mt (a thread each).",
+        choices=launchers.LAUNCHPAD_LAUNCH_TYPES,
     )
     ray_address: str | None = setting(
         None, "run", "Ray cluster (host:port) to join; unset starts a private one."
@@ -324,6 +332,7 @@ class ExperimentConfig:
         config_checks.check_settings(self)
         envs.check_env_id(self.env_id)
         self._check_hosts()
+        self._check_launcher()
         self._check_replay()
         if not 0 < self.rollback_lr_factor <= 1:
             raise ValueError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
@@ -338,6 +347,22 @@ class ExperimentConfig:
             self.balance_factor, self.balance_interval_s, self.balance_remedy, self.balance_weight
         )
         self._check_resume()
+
+    def _check_launcher(self) -> None:
+        """What only the ray launcher does, asked of launchpad: refused before anything starts."""
+        if self.launcher != "launchpad":
+            return
+        ray_only = {
+            "ray_address": self.ray_address,
+            "elastic_interval_s": self.elastic_interval_s,
+            "balance_remedy=replace": self.balance_interval_s and self.balance_remedy == "replace",
+        }
+        asked = [name for name, value in ray_only.items() if value]
+        if asked:
+            raise ValueError(
+                f"launcher=launchpad cannot do what {', '.join(asked)} asks (Ray clusters, adding "
+                "or replacing actors while running); use launcher=ray"
+            )
 
     def _check_hosts(self) -> None:
         """Learner hosts and per-host parameter caches: the settings they need together."""

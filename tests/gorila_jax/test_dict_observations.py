@@ -15,7 +15,7 @@ from gorila_jax.acting import actor, evaluation
 
 
 def _raw_sizes(env_id: str) -> dict[str, int]:
-    space = envpool.make_spec(env_id).observation_space
+    space = envpool.make_spec(env_id).gymnasium_observation_space
     return {key: math.prod(entry.shape) for key, entry in space.spaces.items()}
 
 

@@ -49,6 +49,12 @@ BAD_INPUTS = [
     (["--env=Pendulum-v1"], "DQN takes discrete actions; agents that can: ppo, sac"),
     (["--env=MiniGrid-Empty-5x5-v0"], "has dict observations (direction, image, mission)"),
     (["--demos=/nonexistent/demos", "--config.demo_fraction=0.25"], "no directory"),
+    (
+        ["--launcher=launchpad", "--ray_address=127.0.0.1:1"],
+        "launcher=launchpad cannot do what ray_address asks",
+    ),
+    (["--launcher=launchpad", "--elastic_interval_s=5"], "cannot do what elastic_interval_s"),
+    (["--launchpad_launch_type=nope"], "--launchpad_launch_type"),
 ]
 
 
@@ -70,6 +76,8 @@ def bad_input_results(tmp_path_factory):
 
 @pytest.mark.parametrize("flags, message", BAD_INPUTS)
 def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message, bad_input_results):
+    if "MiniGrid" in flags[0] and "MiniGrid-Empty-5x5-v0" not in train.envpool.list_all_envs():
+        pytest.skip("envpool 0.8.4 (the Launchpad set) has no MiniGrid")
     results, left_running = bad_input_results
     result = results[tuple(flags)]
     assert result.returncode in (1, 2), result.stderr[-2000:]  # sys.exit, not a signal
@@ -224,7 +232,12 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
     assert _header_of(env_groups, "Pendulum-v1") == "classic_control | continuous actions: ppo, sac"
     assert _header_of(env_groups, "Pong-v5") == "atari | discrete actions: dqn, ppo, qrdqn"
     assert "dqn" not in _header_of(env_groups, "HalfCheetah-v4")  # nor qrdqn
-    assert "no agent" in _header_of(env_groups, "FingerSpin-v1")  # envpool cannot describe it
+    if train.envpool.__version__.startswith("0."):  # the Launchpad set's 0.8.4 describes it
+        assert (
+            _header_of(env_groups, "FingerSpin-v1") == "mujoco.dmc | continuous actions: ppo, sac"
+        )
+    else:
+        assert "no agent" in _header_of(env_groups, "FingerSpin-v1")  # envpool cannot describe it
     # dm_control's dict observations, flattened.
     assert _header_of(env_groups, "CheetahRun-v1") == "mujoco.dmc | continuous actions: ppo, sac"
     listed = [env_id for ids in env_groups.values() for env_id in ids]

@@ -1,11 +1,18 @@
-"""Launchers: run one `Program` in one process (`local`) or as Ray actors (`ray`)."""
+"""Launchers: run one `Program` in one process (`local`), as Ray actors (`ray`), or as
+dm-launchpad courier nodes (`launchpad`, on the Launchpad dependency set only)."""
 
 from typing import Any
 
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.distributed.launchers import base
 
-LAUNCHERS = ("local", "ray")
+LAUNCHERS = ("local", "ray", "launchpad")
+LAUNCHPAD_LAUNCH_TYPES = ("local_mp", "local_mt")
+# What the ray launcher does and launchpad does not; a launchpad run prints it at start.
+LAUNCHPAD_LIMITS = (
+    "launchpad launcher: a node that fails ends the run (no restarts), no elastic actors, "
+    "no placement or clusters; --launcher=ray has those"
+)
 
 
 def launch(
@@ -21,4 +28,13 @@ def launch(
         from gorila_jax.distributed.launchers import ray as ray_launcher
 
         return ray_launcher.launch(program, **options)
+    if launcher == "launchpad":
+        try:
+            from gorila_jax.distributed.launchers import launchpad as launchpad_launcher
+        except ImportError as error:
+            raise ImportError(
+                f"--launcher=launchpad needs the Launchpad dependency set ({error}): "
+                "bash launch/setup_env.sh --launchpad makes it (.venv-launchpad, Python 3.10)"
+            ) from error
+        return launchpad_launcher.launch(program, **options)
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}")
