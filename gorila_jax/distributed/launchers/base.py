@@ -2,6 +2,7 @@
 
 import abc
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -29,6 +30,42 @@ def close_stages(specs: list[program_lib.NodeSpec]) -> list[list[program_lib.Nod
         stages.append(stage)
         remaining = [spec for spec in remaining if spec not in stage]
     return stages
+
+
+class HostedNode:
+    """One node inside a launcher's host process (a Ray actor, a Launchpad courier node):
+    built once by `construct`, then called, stopped and closed through the host."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._node: Any = None
+        self._construct_error: str | None = None
+        self._built = threading.Event()
+
+    def construct(self, constructor: Callable[..., Any], args: tuple, kwargs: dict) -> int:
+        """Builds the node; returns this process's id."""
+        try:
+            self._node = constructor(*args, **kwargs)
+        except BaseException as error:
+            self._construct_error = repr(error)
+            raise
+        finally:
+            self._built.set()
+        return os.getpid()
+
+    def _get(self) -> Any:
+        self._built.wait()
+        if self._construct_error is not None:
+            raise program_lib.NodeError(self._name, f"construction failed: {self._construct_error}")
+        return self._node
+
+    def stop(self) -> None:
+        if self._built.is_set() and hasattr(self._node, "stop"):
+            self._node.stop()
+
+    def close(self) -> None:
+        if self._built.is_set() and hasattr(self._node, "close"):
+            self._node.close()
 
 
 class RunningProgram(abc.ABC):

@@ -7,7 +7,6 @@ pickles into the nodes that hold a handle of the node it calls.
 """
 
 import concurrent.futures
-import os
 import signal
 import threading
 import traceback
@@ -16,9 +15,10 @@ from typing import Any
 import courier
 
 from gorila_jax.distributed import program as program_lib
+from gorila_jax.distributed.launchers import base
 
 
-class NodeHost:
+class NodeHost(base.HostedNode):
     """One node inside a Launchpad `CourierNode`, built and driven by the launcher.
 
     Launchpad builds the host with the node's name only; the launcher then
@@ -30,11 +30,8 @@ class NodeHost:
     """
 
     def __init__(self, name: str):
-        self._name = name
-        self._node: Any = None
-        self._construct_error: str | None = None
+        super().__init__(name)
         self._run_error: str | None = None
-        self._built = threading.Event()
         self._run_thread: threading.Thread | None = None
         self._exit = threading.Event()
         self._server: Any = None
@@ -60,23 +57,6 @@ class NodeHost:
         """Ends `run` (and with it the node's process under `local_mp`)."""
         self._exit.set()
 
-    def construct(self, constructor: Any, args: tuple, kwargs: dict) -> int:
-        """Builds the node; returns this process's id."""
-        try:
-            self._node = constructor(*args, **kwargs)
-        except BaseException as error:
-            self._construct_error = _describe(error)
-            raise
-        finally:
-            self._built.set()
-        return os.getpid()
-
-    def _get(self) -> Any:
-        self._built.wait()
-        if self._construct_error is not None:
-            raise program_lib.NodeError(self._name, f"construction failed: {self._construct_error}")
-        return self._node
-
     def call(self, method: str, args: tuple, kwargs: dict) -> tuple[bool, Any]:
         """(True, result) of the node's `method`, or (False, the exception it raised).
 
@@ -98,7 +78,9 @@ class NodeHost:
             try:
                 node.run()
             except BaseException as error:  # noqa: BLE001  reported by `status`
-                self._run_error = _describe(error)
+                self._run_error = "".join(
+                    traceback.format_exception_only(type(error), error)
+                ).strip()[-2000:]
 
         self._run_thread = threading.Thread(target=run, name=self._name, daemon=True)
         self._run_thread.start()
@@ -118,18 +100,6 @@ class NodeHost:
             return True
         self._run_thread.join(timeout_s)
         return not self._run_thread.is_alive()
-
-    def stop(self) -> None:
-        if self._built.is_set() and hasattr(self._node, "stop"):
-            self._node.stop()
-
-    def close(self) -> None:
-        if self._built.is_set() and hasattr(self._node, "close"):
-            self._node.close()
-
-
-def _describe(error: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(error), error)).strip()[-2000:]
 
 
 def host_client(address: str, timeout_s: float | None = None, probe: bool = False) -> Any:

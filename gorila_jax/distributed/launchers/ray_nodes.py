@@ -7,7 +7,6 @@ of the node it calls.
 
 import concurrent.futures
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -16,33 +15,15 @@ import ray
 import ray.exceptions
 
 from gorila_jax.distributed import program as program_lib
+from gorila_jax.distributed.launchers import base
 
 
-class NodeActor:
+class NodeActor(base.HostedNode):
     """Hosts one node inside a Ray actor process (a threaded actor)."""
 
     def __init__(self, name: str):
-        self._name = name
-        self._node: Any = None
-        self._error: BaseException | None = None
-        self._built = threading.Event()
+        super().__init__(name)
         self._stopped = threading.Event()
-
-    def construct(self, constructor, args: tuple, kwargs: dict) -> int:
-        try:
-            self._node = constructor(*args, **kwargs)
-        except BaseException as error:
-            self._error = error
-            raise
-        finally:
-            self._built.set()
-        return os.getpid()
-
-    def _get(self) -> Any:
-        self._built.wait()
-        if self._error is not None:
-            raise program_lib.NodeError(self._name, f"construction failed: {self._error!r}")
-        return self._node
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self._get(), method)(*args, **kwargs)
@@ -62,12 +43,7 @@ class NodeActor:
 
     def stop(self) -> None:
         self._stopped.set()
-        if self._built.is_set() and hasattr(self._node, "stop"):
-            self._node.stop()
-
-    def close(self) -> None:
-        if self._built.is_set() and hasattr(self._node, "close"):
-            self._node.close()
+        super().stop()
 
 
 # Client calls retried after a peer's death run here, so futures stay non-blocking.
