@@ -110,11 +110,6 @@ def route_third_party_logs(logdir: str) -> str:
     root.addHandler(_ConsoleHandler())
     # The file keeps INFO too (absl's default verbosity under app.run).
     root.setLevel(min(root.getEffectiveLevel(), logging.INFO))
-    # Ray's logger has a console handler of its own and does not propagate.
-    ray_logger = logging.getLogger("ray")
-    for handler in list(ray_logger.handlers):
-        ray_logger.removeHandler(handler)
-    ray_logger.propagate = True
 
     def show_warning(message, category, filename, lineno, file=None, line=None):
         text = warnings.formatwarning(message, category, filename, lineno, line)
@@ -122,7 +117,23 @@ def route_third_party_logs(logdir: str) -> str:
 
     warnings.showwarning = show_warning
     _routing = _Routing(path, log)
+    route_ray_logger()
     return path
+
+
+def route_ray_logger() -> None:
+    """Under `route_third_party_logs`, Ray's driver log records go where the others' go.
+
+    Ray's logger has a console handler of its own, installed when Ray is imported,
+    and does not propagate. Ray is imported only by the ray launcher, after the
+    routing began: the launcher calls this then, before `ray.init` logs anything.
+    """
+    if _routing is None or "ray" not in sys.modules:
+        return
+    ray_logger = logging.getLogger("ray")
+    for handler in list(ray_logger.handlers):
+        ray_logger.removeHandler(handler)
+    ray_logger.propagate = True
 
 
 # A Python log line as a Ray worker prints it: logging's default format

@@ -135,17 +135,27 @@ class _HandStartedHead:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-@pytest.fixture
-def existing_cluster(monkeypatch):
-    # `ray start` enables token authentication; a joining driver must say so.
+def _token_auth_in_a_home_of_its_own(monkeypatch, tmp_path) -> None:
+    """`ray start` enables token authentication and needs a token in ~/.ray/auth_token
+    (which a private cluster's `ray.init` also writes); a joining driver must say so.
+    A home of its own makes the token this test's, whatever ran before it, and leaves
+    the user's home as it was."""
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    subprocess.run([ray_cli, "get-auth-token", "--generate"], check=True, capture_output=True)
+
+
+@pytest.fixture
+def existing_cluster(monkeypatch, tmp_path):
+    _token_auth_in_a_home_of_its_own(monkeypatch, tmp_path)
     head = _HandStartedHead()
     yield head.address
     head.stop()
 
 
-def test_stopping_a_hand_started_head_leaves_another_ray_cluster_running(monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+def test_stopping_a_hand_started_head_leaves_another_ray_cluster_running(monkeypatch, tmp_path):
+    _token_auth_in_a_home_of_its_own(monkeypatch, tmp_path)
     first, other = _HandStartedHead(), _HandStartedHead()
     try:
         others = other.processes()

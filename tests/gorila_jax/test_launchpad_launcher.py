@@ -126,6 +126,14 @@ def test_dqn_solves_cartpole_under_launchpad_local_mp(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["stop_reason"] == "total_env_steps reached"
     assert summary["final_eval_return"] >= 475.0, summary["final_eval_return"]
+    # What the driver writes under every launcher.
+    rows = (logdir / "metrics.csv").read_text().splitlines()
+    assert rows[0].startswith("wall_time_s,env_steps") and len(rows) > 5
+    assert list(logdir.glob("events.out.tfevents.*")), "no TensorBoard events"
     # One Launchpad process per node, each with its log file, all gone now.
     groups = sorted(os.listdir(logdir / "launchpad"))
     assert groups == ["actor", "evaluator", "learner", "monitor", "replay"]
+    nodes = json.loads((logdir / "nodes.json").read_text())
+    pids = {node["pid"] for node in nodes.values()}
+    assert len(pids) == len(nodes) == 6 and os.getpid() not in pids  # a process each
+    assert not any(psutil.pid_exists(pid) for pid in pids)

@@ -302,6 +302,7 @@ def launch(
       placement.UnplaceableError: at once if the cluster lacks what a group
         asks for, or after `placement_timeout_s` if it could not be reserved.
     """
+    console.route_ray_logger()
     if ray.is_initialized():
         owns_cluster = False
     elif address is None:
