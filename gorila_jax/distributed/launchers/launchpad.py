@@ -54,7 +54,6 @@ class LaunchpadProgram(base.RunningProgram):
 
     def __init__(self, program: program_lib.Program, launch_type: str, log_dir: str):
         super().__init__(program)
-        self._launch_type = launch_type
         self._stopped = False
         lp_program = lp.Program(program.name)
         courier_nodes = {}
@@ -69,6 +68,11 @@ class LaunchpadProgram(base.RunningProgram):
         self._processes = [p for p in psutil.Process().children() if p.pid not in before]
         self._addresses = {
             name: node.courier_address.resolve() for name, node in courier_nodes.items()
+        }
+        # `finished` asks every host at each poll: one channel per host, not one per call.
+        self._probes = {
+            name: launchpad_nodes.host_client(address, 10.0, probe=True)
+            for name, address in self._addresses.items()
         }
         self._construct: dict[str, concurrent.futures.Future] = {}
         for spec in program.nodes:
@@ -116,9 +120,7 @@ class LaunchpadProgram(base.RunningProgram):
                     spec.name, f"construction failed: {construct.exception()}"
                 )
             try:
-                status = launchpad_nodes.host_client(
-                    self._addresses[spec.name], 10.0, probe=True
-                ).status()
+                status = self._probes[spec.name].status()
             except Exception as error:  # noqa: BLE001  courier's error for a process gone
                 raise program_lib.NodeError(
                     spec.name, f"its Launchpad node does not answer: {error}"

@@ -86,10 +86,9 @@ class NodeHost(base.HostedNode):
         self._run_thread.start()
 
     def status(self) -> dict[str, Any]:
-        """Whether the node is built and its `run` returned, and what failed."""
+        """Whether the node's `run` is still going, and how it failed (construction shows in
+        the launcher's `construct` call)."""
         return {
-            "built": self._built.is_set(),
-            "construct_error": self._construct_error,
             "running": self._run_thread is not None and self._run_thread.is_alive(),
             "run_error": self._run_error,
         }
