@@ -91,7 +91,8 @@ class _HandStartedHead:
     every Ray process on the machine, a user's training run among them.
     """
 
-    def __init__(self):
+    def __init__(self, token: str | None = None):
+        """`token`: the head's own, instead of the one in ~/.ray/auth_token."""
         import portpicker
 
         self.port = portpicker.pick_unused_port()
@@ -114,6 +115,7 @@ class _HandStartedHead:
             check=True,
             capture_output=True,
             timeout=120,
+            env={**os.environ, "RAY_AUTH_TOKEN": token} if token else None,
         )
 
     def processes(self) -> list[psutil.Process]:
@@ -135,27 +137,30 @@ class _HandStartedHead:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _token_auth_in_a_home_of_its_own(monkeypatch, tmp_path) -> None:
-    """`ray start` enables token authentication and needs a token in ~/.ray/auth_token
-    (which a private cluster's `ray.init` also writes); a joining driver must say so.
-    A home of its own makes the token this test's, whatever ran before it, and leaves
-    the user's home as it was."""
+def _token_auth(monkeypatch) -> None:
+    """`ray start` enables token authentication and needs a token in ~/.ray/auth_token,
+    made here if missing (as a private cluster's `ray.init` also does); a joining driver
+    must say that it uses one.
+
+    The token must be the one in the user's home: Ray loads it once per process and
+    keeps it, so a test process that started a private cluster before (any Ray test on
+    this xdist worker) would present that token to a head started with another one.
+    """
     monkeypatch.setenv("RAY_AUTH_MODE", "token")
-    monkeypatch.setenv("HOME", str(tmp_path))
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     subprocess.run([ray_cli, "get-auth-token", "--generate"], check=True, capture_output=True)
 
 
 @pytest.fixture
-def existing_cluster(monkeypatch, tmp_path):
-    _token_auth_in_a_home_of_its_own(monkeypatch, tmp_path)
+def existing_cluster(monkeypatch):
+    _token_auth(monkeypatch)
     head = _HandStartedHead()
     yield head.address
     head.stop()
 
 
-def test_stopping_a_hand_started_head_leaves_another_ray_cluster_running(monkeypatch, tmp_path):
-    _token_auth_in_a_home_of_its_own(monkeypatch, tmp_path)
+def test_stopping_a_hand_started_head_leaves_another_ray_cluster_running(monkeypatch):
+    _token_auth(monkeypatch)
     first, other = _HandStartedHead(), _HandStartedHead()
     try:
         others = other.processes()
@@ -181,3 +186,15 @@ def test_ray_launcher_joins_an_existing_cluster_and_leaves_it_running(existing_c
         assert ray.cluster_resources().get("CPU") == 2
     finally:
         ray.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_joining_a_cluster_with_another_token_names_the_refused_token(monkeypatch):
+    _token_auth(monkeypatch)
+    head = _HandStartedHead(token="0" * 64)
+    try:
+        graph = fakes.make_counting_program(num_producers=1)
+        with pytest.raises(ConnectionError, match="cannot join.*Authentication token"):
+            launchers.launch(graph, "ray", address=head.address)
+    finally:
+        head.stop()

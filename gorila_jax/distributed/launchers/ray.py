@@ -388,6 +388,10 @@ def _connect(address: str, probe_timeout_s: float = 5.0) -> None:
             runtime_env={"working_dir": _REPO_ROOT, "excludes": [".venv", ".git", "runs"]},
         )
     except ConnectionError as error:
+        # Ray's message names only the address; the reason (a refused token, a GCS
+        # that timed out) is the last line of the error it chains.
+        cause = str(error.__cause__ or "").strip().splitlines()
+        reason = f" ({cause[-1]})" if cause else ""
         # Ray 2.60 clusters started with `ray start` require token authentication.
         hint = ""
         if os.environ.get("RAY_AUTH_MODE") != "token":
@@ -397,5 +401,5 @@ def _connect(address: str, probe_timeout_s: float = 5.0) -> None:
                 "(~/.ray/auth_token or RAY_AUTH_TOKEN)"
             )
         raise ConnectionError(
-            f"cannot join the Ray cluster at {address!r}: {error}{hint}"
+            f"cannot join the Ray cluster at {address!r}: {error}{reason}{hint}"
         ) from None
