@@ -191,6 +191,12 @@ def test_the_local_launcher_fails_the_run_instead_of_restarting():
 
 # ---------------------------------------------------------------- real faults under Ray
 
+# How long a run under Ray may take to start (a cluster, three jitting processes) and
+# reach its first milestone: a clean-clone CI run, with two other test files' clusters
+# beside it, took over 180 s to reach the hang below and over 240 s to a learner's
+# 100th step. A bound, not a cost: the waits return as soon as the milestone is met.
+_START_UP_TIMEOUT_S = 360
+
 _RAY_SETTINGS = dict(
     launcher="ray",
     num_actors=2,
@@ -277,7 +283,9 @@ def test_kill_9_of_an_actor_process_is_restarted_and_env_steps_keep_growing(tmp_
     cfg = _experiment(tmp_path, total_env_steps=10**9, **{**_RAY_SETTINGS, "num_actors": 1})
 
     def kill_actor():
-        assert fakes.wait_until(lambda: _env_steps(tmp_path, "actor/0") > 300, timeout_s=180)
+        assert fakes.wait_until(
+            lambda: _env_steps(tmp_path, "actor/0") > 300, timeout_s=_START_UP_TIMEOUT_S
+        ), _node_status(tmp_path)
         killed_at, replaced = _kill_9_and_wait_for_a_replacement(tmp_path, "actor/0")
         return {"killed_at": killed_at, "replaced": replaced}
 
@@ -330,10 +338,9 @@ def test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead(tmp_path, 
     cfg = _experiment(logdir, total_env_steps=10**9, stall_timeout_s=15.0, **_RAY_SETTINGS)
 
     def hang_then_kill():
-        # Start-up (a Ray cluster, three jitting processes) is most of this wait: a
-        # clean-clone CI run, with two other test files' clusters beside it, took
-        # over 180 s to reach the hang.
-        hung_in_time = fakes.wait_until(lambda: os.path.exists(marker), timeout_s=360)
+        hung_in_time = fakes.wait_until(
+            lambda: os.path.exists(marker), timeout_s=_START_UP_TIMEOUT_S
+        )
         assert hung_in_time, f"actor/0 never reached {builder.hang_after} env steps: " + str(
             _node_status(logdir)
         )
@@ -374,8 +381,8 @@ def test_kill_9_of_the_learner_restarts_it_from_its_newest_checkpoint(tmp_path, 
     def kill_learner():
         assert fakes.wait_until(
             lambda: _learner_steps(tmp_path) > 100 and checkpoint.saved_steps(tmp_path),
-            timeout_s=240,
-        )
+            timeout_s=_START_UP_TIMEOUT_S,
+        ), f"saved checkpoints {checkpoint.saved_steps(tmp_path)}; nodes {_node_status(tmp_path)}"
         status = _node_status(tmp_path)["learner/0"]
         newest = checkpoint.saved_steps(tmp_path)[-1]
         os.kill(status["pid"], signal.SIGKILL)
@@ -441,7 +448,10 @@ def test_kill_9_of_the_replay_restores_its_checkpoint_and_nodes_reconnect(
     def kill_replay():
         assert fakes.wait_until(
             lambda: _learner_steps(tmp_path) > 60 and replay.newest_intact_checkpoint(replay_dir),
-            timeout_s=240,
+            timeout_s=_START_UP_TIMEOUT_S,
+        ), (
+            f"replay checkpoint {replay.newest_intact_checkpoint(replay_dir)}; "
+            f"nodes {_node_status(tmp_path)}"
         )
         newest = replay.newest_intact_checkpoint(replay_dir)
         sizes = replay.check_checkpoint(os.path.join(replay_dir, str(newest)))
