@@ -37,6 +37,9 @@ class MonitorNode:
         self._counters: dict[str, dict[str, float]] = dict(restored.get("node_counters", {}))
         self._last_seen: dict[str, float] = {}
         self._pids: dict[str, int] = {}  # process of each heartbeating node, for operators
+        # The process of each node's replaced incarnation: a beat it sends after the
+        # supervisor replaced it (its kill takes effect later) is not the replacement's.
+        self._replaced_pids: dict[str, int | None] = {}
         self._metrics: dict[str, float] = dict(restored.get("metrics", {}))
         self._returns: collections.deque = collections.deque(
             restored.get("recent_returns", []), maxlen=return_window
@@ -56,6 +59,8 @@ class MonitorNode:
         with self._lock:
             if name in self._retired:
                 return  # a late beat of a removed node must not move its final counters
+            if pid is not None and pid == self._replaced_pids.get(name):
+                return
             if pid is not None:
                 self._pids[name] = pid
             self._counters[name] = dict(counters)
@@ -81,6 +86,7 @@ class MonitorNode:
         with self._lock:
             self._restarts.append({"node": name, "reason": reason, "unix_time": time.time()})
             self._last_seen.pop(name, None)  # the old incarnation's heartbeats say nothing now
+            self._replaced_pids[name] = self._pids.pop(name, None)
 
     def retire(self, name: str) -> None:
         """Notes that node `name` was removed from the run (after its final report).

@@ -158,7 +158,7 @@ class Supervisor:
         counters = status["counters"]
         previous = self._counters.get(name)
         self._counters[name] = counters
-        if previous is not None and counters != previous:
+        if previous is not None and _grew(counters, previous):
             self._moved_at[name] = now
         if not self._stall_timeout_s:
             return None
@@ -212,3 +212,12 @@ class Supervisor:
         line = f"restarted {name} ({self.restarts[name]}/{self._max_restarts}): {fault}"
         logging.warning(line)
         return line
+
+
+def _grew(counters: dict[str, float], previous: dict[str, float]) -> bool:
+    """Whether a counter rose since the previous beat: work done. A changed counter is not
+    enough: a replacement actor reports its parameter version as -1 until it has fetched
+    parameters, which read as movement, so its stall timeout (not its start-up allowance)
+    ran while it was still being built and compiled, and a loaded machine's healthy
+    replacement was replaced again."""
+    return any(value > previous.get(name, -math.inf) for name, value in counters.items())

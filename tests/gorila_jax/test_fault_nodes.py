@@ -156,6 +156,49 @@ def test_a_node_that_beats_without_progress_while_others_progress_is_stalled():
     assert running.restarted == [("worker/0", {"restored": {"steps": 2}})]
 
 
+def test_a_replacement_whose_counters_start_lower_gets_its_start_up_allowance():
+    # A replacement actor reports parameter version -1 until it has fetched parameters:
+    # a change, but no work done. It must not start the stall timeout (5 s) while it is
+    # still built and compiled (start-up allowance: 30 s), however long that takes.
+    running, clock, hub, supervisor = _supervised(stall_timeout_s=5.0)
+    hub.beat("worker/0", steps=40, version=7)
+    supervisor.check()
+    running.failed["worker/0"] = "ActorDiedError: killed"
+    supervisor.check()
+    running.built.add("worker/0")
+    for t in range(1, 25):
+        clock.now = float(t)
+        # t=1: a late beat of the killed process (the monitor may still take one whose
+        # pid it never learned), then the replacement's.
+        hub.beat("worker/0", steps=40, version=7 if t == 1 else -1)
+        hub.beat("worker/1", steps=t)
+        assert supervisor.check() == [], f"the replacement was blamed at t={t}"
+    for t in range(25, 31):  # it acts: from now on the stall timeout holds
+        clock.now = float(t)
+        hub.beat("worker/0", steps=40 + (t - 24), version=8)
+        hub.beat("worker/1", steps=t)
+        assert supervisor.check() == []
+    for t in range(31, 40):  # then it stands still while worker/1 goes on
+        clock.now = float(t)
+        hub.beat("worker/0", steps=46, version=8)
+        hub.beat("worker/1", steps=t)
+        lines = supervisor.check()
+        if lines:
+            break
+    assert t == 36 and "worker/0" in lines[0] and "stalled" in lines[0]
+
+
+def test_a_late_beat_of_a_replaced_process_does_not_count_as_its_replacements():
+    hub = monitor.MonitorNode()
+    hub.report("actor/0", {"env_steps": 500, "param_version": 9}, pid=100)
+    hub.record_restart("actor/0", "stalled")
+    hub.report("actor/0", {"env_steps": 510, "param_version": 9}, pid=100)  # still dying
+    assert "actor/0" not in hub.node_status()
+    hub.report("actor/0", {"env_steps": 500, "param_version": -1}, pid=200)
+    status = hub.node_status()["actor/0"]
+    assert status["pid"] == 200 and status["counters"]["param_version"] == -1
+
+
 def test_nobody_is_blamed_while_the_whole_program_stands_still():
     # A learner compiling, actors held by the rate limiter: all flat at once.
     running, clock, hub, supervisor = _supervised(stall_timeout_s=5.0)
