@@ -49,7 +49,7 @@ LAYERS = (
     ("distributed",),
     ("health",),
     ("learning",),
-    ("gorila",),
+    ("gorila", "federated"),
     # Demonstrations are recorded by acting and loaded through an actor's adder.
     ("acting", "demonstrations"),
     ("run",),

@@ -1,0 +1,1 @@
+"""Federated training's parts: client-level differential privacy and secure aggregation."""
