@@ -5,8 +5,8 @@ For a model of the DQN CartPole preset's size (its trainable parameters) and one
 the Atari preset's, per round: each client's CPU seconds to prepare its message
 (plain: none; private and masked: clip, noise, fixed-point encoding, one X25519
 agreement and a ChaCha20 mask per peer), the coordinator's seconds to sum, and the
-bytes each client sends (float32 plain, uint64 masked; the 32-byte public keys
-too). Ratios are against plain averaging in the same run. The coordinator's sum is
+bytes each client sends (float32 plain; uint64 masked, and its 32-byte public key).
+Ratios are against plain averaging in the same run. The coordinator's sum is
 checked against the plain sum every round. Last line: JSON.
 
   python bench/federated_aggregation.py
@@ -66,7 +66,7 @@ def _round(num_clients: int, size: int, rng: np.random.Generator) -> dict[str, f
         "client_s": float(np.mean(client_s)),
         "coordinator_s": coordinator_s,
         "plain_bytes_per_client": 4 * size,
-        "bytes_per_client": masked[0].nbytes + 32 * num_clients,
+        "bytes_per_client": masked[0].nbytes + len(keys[0]),  # its update and its public key
     }
 
 
