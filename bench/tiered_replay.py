@@ -8,13 +8,15 @@ in-memory one of the same capacity, filled with the same items:
   tier alone, both by priority mass, and the in-memory replay (plain Reverb);
 - how much the process's anonymous resident memory grew while each was
   filled (not the page cache of the memory-mapped cold tier; the tiered one
-  first, so that memory it freed cannot hide the other's growth);
+  first, so that memory it freed cannot hide the other's growth), and how
+  much of it the second half of the items added, per item;
 - from those, the largest replay each holds within `--memory_budget_gb`
-  (the tiered one also within the cold directory's free disk).
+  (the tiered one also within the cold directory's free disk, at the bytes
+  a cold item took there: `--compression=zlib` packs image items).
 Last line: JSON.
 
   python bench/tiered_replay.py --env=CartPole-v1
-  python bench/tiered_replay.py --env=Pong-v5 --items=20000 --hot=2000
+  python bench/tiered_replay.py --env=Pong-v5 --items=20000 --hot=2000 --compression=zlib
 """
 
 import json
@@ -39,6 +41,7 @@ flags.DEFINE_integer("hot", 10_000, "items the tiered replay keeps in memory")
 flags.DEFINE_integer("batch_size", 256, "rows per sampled batch")
 flags.DEFINE_float("seconds", 4.0, "time spent on each sampling measurement")
 flags.DEFINE_float("memory_budget_gb", 16.0, "memory a replay may take, for the capacity estimate")
+flags.DEFINE_enum("compression", "none", replay.COLD_COMPRESSIONS, "how cold items are stored")
 FLAGS = flags.FLAGS
 TABLE = "priority_table"
 
@@ -85,21 +88,37 @@ def _fill_and_sample(codec: replay.ItemCodec, packed: np.ndarray, tiering) -> di
         limiter = reverb.rate_limiters.MinSize(1)
         return [replay.prioritized_table(TABLE, FLAGS.items, 0.6, limiter, codec.signature())]
 
+    def written(count: int) -> int:
+        """Anonymous memory once `count` items are in (in one of the tiers, when tiered)."""
+        if tiering is not None:
+            while node.tier_info()["cold_items"] < count - FLAGS.hot:
+                time.sleep(0.01)
+        return _anonymous_bytes()
+
     anonymous = _anonymous_bytes()
     node = replay.ReplayNode(tables, tiering=tiering)
     writer = replay.TransitionWriter(reverb.Client(node.address()), TABLE)
+    half = len(packed) // 2
     try:
         start = time.perf_counter()
         for first in range(0, len(packed), 1000):
             rows = packed[first : first + 1000]
             writer.write(rows, np.ones(len(rows)))
+            if first < half <= first + len(rows):  # the measure at "half" may be a bit past it
+                writer.flush()
+                at_half = written(half)
         writer.flush()
-        if tiering is not None:  # inserted means in one of the tiers
-            while node.tier_info()["cold_items"] < FLAGS.items - FLAGS.hot:
-                time.sleep(0.01)
+        at_full = written(len(packed))
         inserts = len(packed) / (time.perf_counter() - start)
-        grown = _anonymous_bytes() - anonymous
-        found = {"inserts_per_s": inserts, "memory_growth_mb": grown / 2**20}
+        found = {
+            "inserts_per_s": inserts,
+            "memory_growth_mb": (at_full - anonymous) / 2**20,
+            # The second half's growth per item: what one more item costs, without the
+            # buffers and threads that the first items paid for once.
+            "memory_per_item_b": (at_full - at_half) / (len(packed) - half),
+        }
+        if tiering is not None:
+            found["cold_bytes_per_item"] = node.tier_info()["cold_bytes"] / tiering.cold_size
         found["rows_per_s"] = _rows_per_s(replay.ReplayShards(node).sampler(TABLE, codec))
         if tiering is not None:
             found["hot_rows_per_s"] = _rows_per_s(replay.ShardedSampler([node], TABLE, codec))
@@ -127,23 +146,25 @@ def main(_):
     codec = dqn.DQNBuilder(dqn.DQNConfig()).item_codec(spec)
     packed = _env_items(spec, codec, FLAGS.items)
     with tempfile.TemporaryDirectory() as cold_dir:
-        tiering = replay.Tiering(TABLE, FLAGS.hot, FLAGS.items - FLAGS.hot, cold_dir)
+        tiering = replay.Tiering(
+            TABLE, FLAGS.hot, FLAGS.items - FLAGS.hot, cold_dir, cold_compression=FLAGS.compression
+        )
         tiered = _fill_and_sample(codec, packed, tiering)
         disk_free = shutil.disk_usage(cold_dir).free
     in_memory = _fill_and_sample(codec, packed, None)
     # Memory per item: every item in memory, or a hot item plus what a cold one keeps in RAM.
     budget = FLAGS.memory_budget_gb * 2**30
-    per_item = in_memory["memory_growth_mb"] * 2**20 / FLAGS.items
-    cold = FLAGS.items - FLAGS.hot
-    per_cold_item = max(tiered["memory_growth_mb"] * 2**20 - FLAGS.hot * per_item, 0) / cold
+    per_item = max(in_memory["memory_per_item_b"], 1.0)
+    per_cold_item = max(tiered["memory_per_item_b"], 1.0)
     largest_in_memory = int(budget / per_item)
     room = max(budget - FLAGS.hot * per_item, 0)
     largest_tiered = FLAGS.hot + int(
-        min(room / max(per_cold_item, 1.0), disk_free / codec.num_bytes)
+        min(room / per_cold_item, disk_free / tiered["cold_bytes_per_item"])
     )
     result = {
         "env": FLAGS.env,
         "item_bytes": codec.num_bytes,
+        "compression": FLAGS.compression,
         "items": FLAGS.items,
         "hot": FLAGS.hot,
         **{f"tiered_{k}": round(v, 1) for k, v in tiered.items()},
@@ -157,13 +178,16 @@ def main(_):
         "largest_tiered_items": largest_tiered,
     }
     print(
-        f"{FLAGS.env}: {codec.num_bytes} bytes/item, {FLAGS.items:,} items, {FLAGS.hot:,} hot; "
+        f"{FLAGS.env}: {codec.num_bytes} bytes/item ({tiered['cold_bytes_per_item']:,.0f} on "
+        f"disk, {FLAGS.compression}), {FLAGS.items:,} items, {FLAGS.hot:,} hot; "
         f"inserts/s {tiered['inserts_per_s']:,.0f} tiered vs {in_memory['inserts_per_s']:,.0f} "
         f"({result['inserts_vs_in_memory']}x); sampled rows/s {tiered['rows_per_s']:,.0f} vs "
         f"{in_memory['rows_per_s']:,.0f} ({result['rows_vs_in_memory']}x; hot alone "
         f"{result['hot_rows_vs_in_memory']}x, cold alone {result['cold_rows_vs_in_memory']}x); "
         f"memory grown {tiered['memory_growth_mb']:,.0f} MB vs "
-        f"{in_memory['memory_growth_mb']:,.0f} MB; in {FLAGS.memory_budget_gb:g} GB: "
+        f"{in_memory['memory_growth_mb']:,.0f} MB, of which per item "
+        f"{tiered['memory_per_item_b']:,.0f} B vs {in_memory['memory_per_item_b']:,.0f} B; "
+        f"in {FLAGS.memory_budget_gb:g} GB: "
         f"{largest_tiered:,} items tiered vs {largest_in_memory:,} in memory"
     )
     print(json.dumps(result))

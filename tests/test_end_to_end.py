@@ -62,7 +62,7 @@ def test_dqn_solves_cartpole_with_most_of_its_replay_on_disk(tmp_path):
     assert float(last["replay/cold_bytes"]) > 0
     # Sampled by mass: the cold tier holds most of it, and gives most rows.
     assert float(last["replay/cold_share"]) > 0.5
-    assert os.path.getsize(tmp_path / "replay_cold" / "items.u8") > 0
+    assert os.path.getsize(tmp_path / "replay_cold" / "ring.u8") > 0
 
 
 def _assert_solved_at_the_end(summary, exp, threshold: float = 475.0) -> None:

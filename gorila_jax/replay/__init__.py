@@ -6,6 +6,7 @@ this package imports `gorila_jax.replay` only, never its modules, so that
 another backend (a tiered store, for example) can sit behind these names.
 """
 
+from gorila_jax.replay.cold import COMPRESSIONS as COLD_COMPRESSIONS
 from gorila_jax.replay.cold import ColdRows, ColdStore
 from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
 from gorila_jax.replay.compact import STORAGE_DTYPES, CompactFloats, observation_storage
@@ -52,6 +53,7 @@ from gorila_jax.replay.writers import (
 __all__ = [
     "CHECKPOINT_MANIFEST",
     "COLD_CHECKPOINT",
+    "COLD_COMPRESSIONS",
     "CONNECTION_ERRORS",
     "DEMO_SOURCE",
     "DEMO_TABLE",

@@ -80,18 +80,30 @@ class Tiering:
       hot_size: items the hot tier (the Reverb table) holds.
       cold_size: items the cold tier holds.
       cold_dir: the cold tier's directory on the replay node's host.
+      cold_bytes: disk the cold tier's items may take; 0: `cold_size` items
+        uncompressed.
+      cold_compression: how cold items are stored, one of `cold.COMPRESSIONS`.
     """
 
     table: str
     hot_size: int
     cold_size: int
     cold_dir: str
+    cold_bytes: int = 0
+    cold_compression: str = "none"
 
     def __post_init__(self):
         if self.hot_size < 1 or self.cold_size < 1:
             raise ValueError(
                 f"a tiered replay needs hot and cold sizes >= 1, got {self.hot_size} and "
                 f"{self.cold_size}"
+            )
+        if self.cold_bytes < 0:
+            raise ValueError(f"a cold tier's disk budget must be >= 0, got {self.cold_bytes}")
+        if self.cold_compression not in cold.COMPRESSIONS:
+            raise ValueError(
+                f"unknown cold replay compression {self.cold_compression!r}; choose one of "
+                f"{cold.COMPRESSIONS}"
             )
 
     def for_shard(self, shard: int, num_shards: int) -> "Tiering":
@@ -103,6 +115,8 @@ class Tiering:
             math.ceil(self.hot_size / num_shards),
             math.ceil(self.cold_size / num_shards),
             os.path.join(self.cold_dir, f"shard{shard}"),
+            self.cold_bytes // num_shards,
+            self.cold_compression,
         )
 
     def tables(self, tables: Sequence[reverb.Table]) -> list[reverb.Table]:
@@ -195,7 +209,12 @@ class TierMover:
         self.exponent = shard_streams.priority_exponent(info)
         self._ratio = _Ratio(info.rate_limiter_info)
         self._store = cold.ColdStore(
-            tiering.cold_dir, tiering.cold_size, info.signature.shape[0], self.exponent
+            tiering.cold_dir,
+            tiering.cold_size,
+            info.signature.shape[0],
+            self.exponent,
+            tiering.cold_bytes,
+            tiering.cold_compression,
         )
         if restore_path is not None:
             self._store.restore(os.path.join(restore_path, COLD_CHECKPOINT))

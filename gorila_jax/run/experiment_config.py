@@ -113,6 +113,20 @@ class ExperimentConfig:
         "Where a tiered replay (--config.hot_replay_size) keeps its cold tier, on each replay "
         "host's local disk (docs/tiered_replay.md); default <logdir>/replay_cold.",
     )
+    replay_cold_gb: float = setting(
+        0.0,
+        "replay",
+        "Disk (GiB, all replay shards together) the cold tier's items may take; the oldest "
+        "go first. 0: config.cold_replay_size items uncompressed.",
+        check=NON_NEGATIVE,
+    )
+    replay_cold_compression: str = setting(
+        "none",
+        "replay",
+        "How cold items are stored: zlib packs Atari frames about 60x (use it with "
+        "--replay_cold_gb); none suits small float rows, which do not compress.",
+        choices=replay.COLD_COMPRESSIONS,
+    )
     num_replay_shards: int = setting(
         1,
         "replay",
@@ -421,14 +435,26 @@ class ExperimentConfig:
         """
         sizes = builder.replay_tiers
         if sizes is None:
-            if self.replay_cold_dir:
-                raise ValueError(
-                    f"--replay_cold_dir={self.replay_cold_dir} is for a tiered replay: set "
-                    "--config.hot_replay_size (items kept in memory; off-policy agents)"
-                )
+            cold_settings = dict(
+                replay_cold_dir=self.replay_cold_dir,
+                replay_cold_gb=self.replay_cold_gb,
+                replay_cold_compression=self.replay_cold_compression != "none",
+            )
+            for name, given in cold_settings.items():
+                if given:
+                    raise ValueError(
+                        f"--{name}={getattr(self, name)} is for a tiered replay: set "
+                        "--config.hot_replay_size (items kept in memory; off-policy agents)"
+                    )
             return None
         cold_dir = self.replay_cold_dir or os.path.join(self.logdir, "replay_cold")
-        return replay.Tiering(builder.sample_table, *sizes, os.path.abspath(cold_dir))
+        return replay.Tiering(
+            builder.sample_table,
+            *sizes,
+            os.path.abspath(cold_dir),
+            int(self.replay_cold_gb * 2**30),
+            self.replay_cold_compression,
+        )
 
     def _check_resume(self) -> None:
         """`resume` needs checkpoints in logdir, of as many replay shards as this run has."""

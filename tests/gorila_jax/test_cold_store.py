@@ -329,8 +329,12 @@ def test_a_directory_or_checkpoint_of_another_shape_is_refused_naming_both_shape
     store.close()
 
 
-def test_a_mover_adding_while_learners_sample_and_update_serves_each_key_its_own_item(tmp_path):
-    store = ColdStore(str(tmp_path), capacity=64, item_bytes=WIDTH, priority_exponent=0.6)
+@pytest.mark.parametrize("compression", ["none", "zlib"])
+def test_a_mover_adding_while_learners_sample_and_update_serves_each_key_its_own_item(
+    tmp_path, compression
+):
+    width = WIDTH if compression == "none" else 512  # rows of 512 compress, of 40 not
+    store = ColdStore(str(tmp_path), 64, width, 0.6, compression=compression)
     add(store, np.ones(8))
     done, failures = threading.Event(), []
 
@@ -373,3 +377,122 @@ def test_closing_twice_is_harmless_and_a_closed_store_refuses_work(tmp_path):
         store.sample(4, np.random.default_rng(19))
     with pytest.raises(ValueError, match="closed"):
         add(store, np.ones(1))
+
+
+def rows_that_compress_or_not(keys, width: int) -> np.ndarray:
+    """Even keys: `rows_of`, which zlib packs small; odd keys: random bytes after the key,
+    which it cannot."""
+    rows = rows_of(keys, width)
+    for row, key in zip(rows, np.asarray(keys).tolist()):
+        if key % 2:
+            row[8:] = np.random.default_rng(key).integers(0, 256, width - 8, np.uint8)
+    return rows
+
+
+def test_compressed_items_take_less_disk_and_come_back_as_they_were(tmp_path):
+    width = 4096
+    raw = ColdStore(str(tmp_path / "raw"), 64, width, 1.0)
+    packed = ColdStore(str(tmp_path / "zlib"), 64, width, 1.0, compression="zlib")
+    keys = np.arange(40, dtype=np.uint64)
+    items = rows_that_compress_or_not(keys, width)
+    for store in (raw, packed):
+        store.add(items, np.ones(40))
+    assert raw.bytes == 40 * width
+    # The 20 random rows stay raw; the 20 others shrink to a few hundred bytes.
+    assert 20 * width < packed.bytes < 20 * width + 20 * width // 8
+    for store in (raw, packed):
+        rows = store.sample(3_000, np.random.default_rng(20))
+        assert set(rows.keys.tolist()) == set(keys.tolist())
+        np.testing.assert_array_equal(rows.data, items[rows.keys.astype(np.int64)])
+    raw.close()
+    packed.close()
+
+
+@pytest.mark.parametrize("compression", ["none", "zlib"])
+def test_a_disk_budget_keeps_the_newest_items_that_fit_and_compression_fits_more(
+    tmp_path, compression
+):
+    width, budget = 4096, 10 * 4096
+    store = ColdStore(
+        str(tmp_path), 1_000, width, 1.0, ring_bytes=budget + 100, compression=compression
+    )
+    for first in range(0, 600, 50):
+        keys = np.arange(first, first + 50, dtype=np.uint64)
+        store.add(rows_of(keys, width), np.ones(50))
+    assert store.inserted == 600 and 0 < store.bytes <= budget + 100
+    held = store.size
+    if compression == "none":
+        assert held == 10
+    else:
+        assert held > 100, "compressed items: ten times as many in the same disk"
+    rows = store.sample(20 * held, np.random.default_rng(21))
+    check_rows_are_their_items(rows)
+    assert set(rows.keys.tolist()) == set(range(600 - held, 600)), "the newest, FIFO"
+    assert store.update(np.arange(600 - held - 5, 600 - held, dtype=np.uint64), np.ones(5)) == 0
+    np.testing.assert_allclose(store.mass, held)
+    store.close()
+
+
+def test_a_compressed_store_restores_without_the_items_written_over(tmp_path, caplog):
+    width = 2048
+    directory, path = str(tmp_path / "cold"), str(tmp_path / "cold.npz")
+    options = dict(ring_bytes=8 * width, compression="zlib")
+    store = ColdStore(directory, 1_000, width, 1.0, **options)
+    store.add(rows_that_compress_or_not(np.arange(12, dtype=np.uint64), width), np.ones(12))
+    before = store.sample(4_000, np.random.default_rng(22))
+    store.checkpoint(path)
+    # Two rows more: the oldest rows' bytes are written over.
+    store.add(rows_that_compress_or_not(np.array([12, 13], np.uint64), width), np.ones(2))
+    store.close()
+
+    store = ColdStore(directory, 1_000, width, 1.0, **options)
+    with caplog.at_level(logging.WARNING):
+        store.restore(path)
+    lost = set(before.keys.tolist()) - set(
+        store.sample(4_000, np.random.default_rng(23)).keys.tolist()
+    )
+    assert lost and f"{len(lost)} of the {len(set(before.keys.tolist()))} items" in caplog.text
+    rows = store.sample(4_000, np.random.default_rng(24))
+    np.testing.assert_array_equal(
+        rows.data, rows_that_compress_or_not(rows.keys, width), "each key its own bytes"
+    )
+    assert min(lost) < min(rows.keys.tolist()), "the oldest are the ones lost"
+    assert store.inserted == 14, "new keys go on past those written after the checkpoint"
+    store.close()
+
+
+def test_a_ring_made_anew_gives_a_checkpoint_nothing_back(tmp_path, caplog):
+    directory, path = str(tmp_path / "cold"), str(tmp_path / "cold.npz")
+    store = ColdStore(directory, capacity=10, item_bytes=WIDTH, priority_exponent=1.0)
+    add(store, np.ones(6))
+    store.checkpoint(path)
+    store.close()
+    os.remove(os.path.join(directory, "head.i64"))  # its bytes could be anyone's now
+
+    store = ColdStore(directory, capacity=10, item_bytes=WIDTH, priority_exponent=1.0)
+    add(store, np.ones(3))
+    with caplog.at_level(logging.WARNING):
+        store.restore(path)
+    assert store.size == 0 and "6 of the 6 items" in caplog.text and "made anew" in caplog.text
+    store.close()
+
+
+@pytest.mark.parametrize(
+    "options, problem",
+    [
+        (dict(compression="lz4"), "unknown cold replay compression 'lz4'"),
+        (dict(ring_bytes=WIDTH - 1), "cannot hold one item"),
+        (dict(ring_bytes=2**62), r"needs \d+\.\d+ GiB of disk .* GiB are free"),
+    ],
+    ids=["compression", "budget below one item", "more than the disk"],
+)
+def test_a_budget_or_compression_that_cannot_work_is_refused(tmp_path, options, problem):
+    with pytest.raises(ValueError, match=problem):
+        ColdStore(str(tmp_path), 8, WIDTH, 1.0, **options)
+    assert not os.path.exists(tmp_path / "ring.u8"), "no file is made for a refused store"
+
+
+def test_a_directory_of_the_earlier_fixed_width_layout_is_refused(tmp_path):
+    (tmp_path / "items.u8").write_bytes(b"\0" * 80)
+    with pytest.raises(ValueError, match=r"earlier layout \(items.u8\)"):
+        ColdStore(str(tmp_path), 2, WIDTH, 1.0)

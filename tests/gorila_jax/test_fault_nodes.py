@@ -471,7 +471,7 @@ def _cold_items(checkpoint_path: str) -> int | None:
     if not os.path.exists(path):
         return None
     with np.load(path) as record:
-        return int(np.count_nonzero(record["slots"] >= 0))
+        return int(np.count_nonzero(record["keys"] >= 0))
 
 
 @pytest.mark.slow

@@ -37,8 +37,10 @@ def _settled(node: replay.ReplayNode, cold_items: int, timeout_s: float = 60.0) 
     raise AssertionError(f"the mover did not move {cold_items} items: {node.tier_info()}")
 
 
-def _batches(shards: replay.ReplayShards, rows: int, count: int) -> list[replay.Batch]:
-    sampler = shards.sampler(TABLE, CODEC)
+def _batches(
+    shards: replay.ReplayShards, rows: int, count: int, codec: replay.ItemCodec = CODEC
+) -> list[replay.Batch]:
+    sampler = shards.sampler(TABLE, codec)
     found = []
     try:
         while len(found) < count:
@@ -228,5 +230,44 @@ def test_a_uniform_table_is_sampled_uniformly_over_both_tiers(tmp_path):
             np.testing.assert_array_equal(batch.table_size, 4 * HOT)
         tier = np.concatenate([batch.shards for batch in batches])
         assert abs(np.mean(tier == 1) - 0.75) < 0.05  # 3 of 4 items are cold
+    finally:
+        node.close()
+
+
+# Rows of 4 KB: (shard, index, priority) and zeros, as image rows are mostly alike.
+WIDE = replay.ItemCodec(np.zeros(512, np.float64))
+
+
+def test_compressed_cold_items_outnumber_what_the_disk_budget_holds_raw(tmp_path):
+    def wide_tables():
+        limiter = reverb.rate_limiters.MinSize(1)
+        return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, WIDE.signature())]
+
+    budget = HOT * WIDE.num_bytes  # room for HOT raw items, a quarter of the cold ones
+    checkpoints = str(tmp_path / "checkpoints")
+    tiering = replay.Tiering(TABLE, HOT, 1000, str(tmp_path / "cold"), budget, "zlib")
+    items = np.zeros((5 * HOT, 512))
+    items[:, INDEX], items[:, PRIORITY] = np.arange(5 * HOT), 1.0
+    node = replay.ReplayNode(wide_tables, tiering=tiering, checkpoint_dir=checkpoints)
+    try:
+        writer = replay.TransitionWriter(reverb.Client(node.address()), TABLE)
+        writer.write(WIDE.encode(items), items[:, PRIORITY])
+        writer.close()
+        info = _settled(node, 4 * HOT)
+        assert info["cold_items"] == 4 * HOT, "nothing lost"
+        assert 0 < info["cold_bytes"] < budget / 4
+        node.checkpoint(3)
+    finally:
+        node.close()
+    node = replay.ReplayNode(
+        wide_tables, tiering=tiering, checkpoint_dir=checkpoints, restore_step=replay.NEWEST
+    )
+    try:
+        assert node.tier_info()["cold_items"] == 4 * HOT, "a restart brings them back"
+        rows = np.concatenate(
+            [batch.data for batch in _batches(replay.ReplayShards(node), 64, 100, WIDE)]
+        )
+        assert set(rows[:, INDEX].astype(int)) == set(range(5 * HOT)), "every item is sampled"
+        np.testing.assert_array_equal(rows, items[rows[:, INDEX].astype(int)], "as written")
     finally:
         node.close()

@@ -136,6 +136,8 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         ({"config": {"hot_replay_size": 120_000}}, "leaves no cold tier"),
         ({"config": {"cold_replay_size": 10_000}}, "needs a tiered replay"),
         ({"replay_cold_dir": "/tmp/cold"}, "is for a tiered replay: set --config.hot_replay_size"),
+        ({"replay_cold_gb": 2.0}, "replay_cold_gb=2.0 is for a tiered replay"),
+        ({"replay_cold_compression": "zlib"}, "replay_cold_compression=zlib is for a tiered"),
     ],
 )
 def test_a_bad_setting_is_refused_before_anything_starts(inputs, message):
@@ -242,3 +244,20 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
     assert _header_of(env_groups, "CheetahRun-v1") == "mujoco.dmc | continuous actions: ppo, sac"
     listed = [env_id for ids in env_groups.values() for env_id in ids]
     assert sorted(listed) == sorted(train.envpool.list_all_envs())
+
+
+def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
+    base = presets.load("auto", "dqn", "CartPole-v1", set(train._EXPERIMENT_FLAGS))[0]
+    builder = presets.AGENTS["dqn"].builder(dataclasses.replace(base, hot_replay_size=10_000))
+    exp = experiment.ExperimentConfig(
+        env_id="CartPole-v1",
+        logdir=str(tmp_path),
+        num_replay_shards=2,
+        replay_cold_gb=1.5,
+        replay_cold_compression="zlib",
+    )
+    train.check_configs(builder, exp)
+    shard = exp.replay_tiering(builder).for_shard(1, 2)
+    assert shard.cold_bytes == int(1.5 * 2**30) // 2, "each shard takes its part of the disk"
+    assert shard.cold_compression == "zlib"
+    assert shard.cold_dir == str(tmp_path / "replay_cold" / "shard1")
