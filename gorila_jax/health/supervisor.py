@@ -22,9 +22,10 @@ class Supervisor:
       silent   when no heartbeat came for `heartbeat_timeout_s` (counted from
                when its current incarnation was built);
       stalled  when it heartbeats but none of its counters moved for
-               `stall_timeout_s` (0 disables) while another node's did move
-               in that time, or it never moved within `startup_timeout_s`
-               of being built.
+               `stall_timeout_s` (0 disables) of time in which other nodes'
+               did (the time since the previous check counts if another
+               node moved since the one before it), or it never moved within
+               `startup_timeout_s` of being built.
     Silence and stalls are judged for nodes whose spec is `restartable`
     only; a death, for every node. A faulty restartable node is replaced by
     a fresh one (`RunningProgram.kill`, then `RunningProgram.restart`) with
@@ -70,6 +71,8 @@ class Supervisor:
         self._moved_at: dict[str, float] = {}
         self._beating: set[str] = set()  # nodes that heartbeat (once one did, always)
         self._last_restart = -math.inf
+        self._stalled_for: dict[str, float] = {}  # flat seconds while others moved
+        self._previous_check = -math.inf
 
     def check(self) -> list[str]:
         """Restarts every faulty node; returns what it did, one line per restart.
@@ -107,6 +110,7 @@ class Supervisor:
                     counters = (final.get(member) or {}).get("counters", {})
                     done.append(self._restart(member, reason, counters))
                 replaced.update(members)
+        self._previous_check = now
         return done
 
     def _active_specs(self) -> list[program_lib.NodeSpec]:
@@ -130,6 +134,7 @@ class Supervisor:
                 self._built_at,
                 self._counters,
                 self._moved_at,
+                self._stalled_for,
             ):
                 table.pop(name, None)
             self._beating.discard(name)
@@ -160,6 +165,7 @@ class Supervisor:
         self._counters[name] = counters
         if previous is not None and _grew(counters, previous):
             self._moved_at[name] = now
+            self._stalled_for.pop(name, None)
         if not self._stall_timeout_s:
             return None
         if name not in self._moved_at:
@@ -167,15 +173,25 @@ class Supervisor:
             if alive_for > max(self._stall_timeout_s, self._startup_timeout_s):
                 return f"stalled: no counter moved in {alive_for:.1f}s since it started"
             return None
-        flat = now - max(self._moved_at[name], self._last_restart)
+        flat_since = max(self._moved_at[name], self._last_restart)
         others_moved = max(
             (t for other, t in self._moved_at.items() if other != name), default=-math.inf
         )
-        # Only a node that stands still while the rest of the program moves is
-        # at fault; when all stand still (a learner compiling, actors held by
-        # the rate limiter meanwhile) nobody is.
-        if flat > self._stall_timeout_s and others_moved >= now - self._stall_timeout_s:
-            return f"stalled: alive but no counter moved for {flat:.1f}s (stall_timeout_s)"
+        # Only a node that stands still while the rest of the program moves is at fault,
+        # and only for the time the rest moved. When all stand still (a learner compiling,
+        # actors held by the rate limiter meanwhile) nobody is; and an actor so held moves
+        # a heartbeat after the learner does: a check between the two must not see 15 s of
+        # its standing still against the learner's first step (CI, 2026-12-04).
+        if others_moved >= self._previous_check:
+            counted_from = max(self._previous_check, flat_since)
+            stalled = self._stalled_for.get(name, 0.0) + max(now - counted_from, 0.0)
+            self._stalled_for[name] = stalled
+        stalled = self._stalled_for.get(name, 0.0)
+        if stalled > self._stall_timeout_s:
+            return (
+                f"stalled: alive but no counter moved in {stalled:.1f}s of other nodes' work "
+                "(stall_timeout_s)"
+            )
         return None
 
     def _refuse_restart(self, name: str, fault: str) -> None:
@@ -209,6 +225,7 @@ class Supervisor:
         self._counters.pop(name, None)
         self._moved_at.pop(name, None)
         self._last_restart = now
+        self._stalled_for.clear()  # every node gets stall_timeout_s anew (class docstring)
         line = f"restarted {name} ({self.restarts[name]}/{self._max_restarts}): {fault}"
         logging.warning(line)
         return line

@@ -210,6 +210,28 @@ def test_nobody_is_blamed_while_the_whole_program_stands_still():
     assert running.restarted == []
 
 
+def test_a_node_held_while_the_others_stood_still_is_not_blamed_when_they_start_again():
+    # The CI failure of 2026-12-04: actors held by the rate limiter for 15 s while the learner
+    # compiled; the check right after the learner's first step, before the actor's next
+    # heartbeat, blamed the actor for the whole 15 s. worker/0 is the learner (checked
+    # first), worker/1 the held actor, which moves a second after the learner does.
+    running, clock, hub, supervisor = _supervised(stall_timeout_s=5.0)
+    for t in range(0, 23):
+        clock.now = float(t)
+        hub.beat("worker/0", steps=min(t, 2) + max(t - 19, 0))  # flat from 2 to 19
+        hub.beat("worker/1", steps=min(t, 2) + max(t - 20, 0))  # flat from 2 to 20
+        assert supervisor.check() == [], f"blamed at t={t}"
+    # A node that stays flat while the other works is still blamed after 5 s of it.
+    for t in range(23, 30):
+        clock.now = float(t)
+        hub.beat("worker/0", steps=t)
+        hub.beat("worker/1", steps=4)
+        lines = supervisor.check()
+        if lines:
+            break
+    assert t == 28 and "worker/1" in lines[0] and "stalled" in lines[0], (t, lines)
+
+
 def test_a_failed_node_that_cannot_be_restarted_fails_the_run_with_its_reason():
     running, _, _, supervisor = _supervised()
     running.failed["server/0"] = "ValueError: boom"
