@@ -19,9 +19,10 @@ import dataclasses
 import math
 import os
 
-import dp_accounting
 import numpy as np
-from dp_accounting.pld import pld_privacy_accountant
+
+# dp_accounting (with scipy and mpmath) is imported where epsilon is computed: every
+# run imports this module through its settings, and start-up time is a run's time.
 
 
 class PrivacyBudgetExceeded(Exception):
@@ -59,6 +60,9 @@ def epsilon_after(settings: PrivacySettings, rounds: int) -> float:
     distribution accountant: tight for the Gaussian mechanism)."""
     if rounds <= 0:
         return 0.0
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
     accountant = pld_privacy_accountant.PLDAccountant()
     accountant.compose(dp_accounting.GaussianDpEvent(settings.noise_multiplier), rounds)
     return float(accountant.get_epsilon(settings.target_delta))
@@ -69,7 +73,15 @@ def max_rounds(settings: PrivacySettings, upper: int = 1 << 20) -> int:
     round exceeds it); `upper` if there is no target or it allows that many."""
     if settings.target_epsilon is None:
         return upper
-    low, high = 0, upper  # epsilon grows with rounds: the largest within is in [low, high]
+    # Epsilon grows with rounds. Doubling first keeps every probe within twice the answer:
+    # a first probe at upper / 2 composed 2^19 rounds at noise 1, whose privacy loss
+    # distribution asked for 40 GiB.
+    low, high = 0, 1
+    while high < upper and epsilon_after(settings, high) <= settings.target_epsilon:
+        low, high = high, min(2 * high, upper)
+    if high == upper and epsilon_after(settings, upper) <= settings.target_epsilon:
+        return upper
+    high -= 1  # the largest within is in [low, high]
     while low < high:
         middle = (low + high + 1) // 2
         if epsilon_after(settings, middle) <= settings.target_epsilon:
@@ -89,6 +101,9 @@ def check_budget(settings: PrivacySettings, rounds: int) -> float:
     spent = epsilon_after(settings, rounds)
     if settings.target_epsilon is None or spent <= settings.target_epsilon:
         return spent
+    import dp_accounting
+    from dp_accounting.pld import pld_privacy_accountant
+
     allowed = max_rounds(settings, upper=rounds)
     needed = dp_accounting.calibrate_dp_mechanism(
         pld_privacy_accountant.PLDAccountant,

@@ -48,6 +48,7 @@ class LearnerNode(sync_learner.SyncLearnerNode):
       rollback_param_noise: after a rollback, add Gaussian noise of this
         standard deviation to the trainable parameters (0: none), so the
         same batches do not lead to the same divergence.
+      name: the node's name (a federated run has a learner per client).
     """
 
     def __init__(
@@ -68,6 +69,7 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         rollback_lr_factor: float = 0.5,
         rollback_param_noise: float = 0.0,
         restored_counters: dict[str, float] | None = None,
+        name: str = "learner/0",
     ):
         if not 0 < rollback_lr_factor <= 1:
             raise ValueError(f"rollback_lr_factor must be in (0, 1], got {rollback_lr_factor}")
@@ -90,7 +92,7 @@ class LearnerNode(sync_learner.SyncLearnerNode):
             tf32,
             max_nonfinite_steps,
             restored_counters,
-            name="learner/0",
+            name=name,
         )
         self._rollback_lr_factor = rollback_lr_factor
         self._rollback_param_noise = rollback_param_noise

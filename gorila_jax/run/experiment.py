@@ -22,6 +22,7 @@ from gorila_jax import console, envs, metrics, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
+from gorila_jax.federated import nodes as federated_nodes
 from gorila_jax.gorila import mode, parameter_server, shard_node
 from gorila_jax.health import balance
 from gorila_jax.health import supervisor as supervisor_lib
@@ -82,6 +83,9 @@ def _done(cfg: ExperimentConfig, snapshot: dict[str, Any], elapsed: float) -> st
         return f"evaluation return reached {target}"
     if cfg.max_wall_time_s and elapsed >= cfg.max_wall_time_s:
         return "max_wall_time_s reached"
+    rounds = snapshot["metrics"].get(federated_nodes.ROUNDS_METRIC, 0)
+    if cfg.learner_mode == "federated" and cfg.federated_rounds and rounds >= cfg.federated_rounds:
+        return "federated_rounds reached"
     return None
 
 
@@ -244,6 +248,11 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig, final_evaluation: bool =
         evaluator = running.client("evaluator")
         evaluator.stop(final_evaluation=final_evaluation)
         _wait_finished(running, evaluator)
+    if cfg.learner_mode == "federated":
+        # No round may start while clients stop.
+        coordinator = running.client(f"{federated_nodes.GROUP}/0")
+        coordinator.stop()
+        _wait_finished(running, coordinator)
     if cfg.learner_mode == "gorila":
         # Worker 0 takes the final checkpoint, so the others stop first: a
         # gradient they pushed after its snapshot would be lost on resume.
@@ -262,12 +271,15 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig, final_evaluation: bool =
 def _final_params(
     running: Any, builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
 ) -> tuple[int, Any]:
-    """(version, parameters) at the end: the learner's, or assembled from the Gorila shards."""
+    """(version, parameters) at the end: the learner's, assembled from the Gorila shards, or
+    the federated coordinator's."""
     if cfg.learner_mode == "gorila":
         shards = [running.client(f"parameter_server/{i}") for i in range(cfg.num_ps_shards)]
         return parameter_server.sharded_parameters(
             shards, builder, spec, cfg.seed, "driver"
         ).get_params()
+    if cfg.learner_mode == "federated":
+        return running.client(f"{federated_nodes.GROUP}/0").get_params()  # the global model
     return running.client("learner/0").get_params()  # the chief of a multi-host learner
 
 

@@ -12,12 +12,13 @@ from typing import Any
 from gorila_jax import config_checks, envs, replay
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
+from gorila_jax.federated import privacy
 from gorila_jax.gorila import compression
 from gorila_jax.health import balance
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import elastic
 
-LEARNER_MODES = ("sync", "gorila")
+LEARNER_MODES = ("sync", "gorila", "federated")
 
 
 @dataclasses.dataclass
@@ -78,7 +79,8 @@ class ExperimentConfig:
     learner_mode: str = setting(
         "sync",
         "learner",
-        "sync: one pmapped learner; gorila: async gradient workers + parameter-server shards.",
+        "sync: one pmapped learner; gorila: async gradient workers + parameter-server shards; "
+        "federated: a learner per client, averaged round by round (docs/federated.md).",
         choices=LEARNER_MODES,
     )
     num_learner_devices: int = setting(
@@ -306,6 +308,40 @@ class ExperimentConfig:
     balance_weight: float = setting(
         0.5, "balance", "The downweight factor on a dominant actor's priorities, in (0, 1)."
     )
+    num_clients: int = setting(
+        2,
+        "federated",
+        "Clients of a federated run, each its own replay, learner and actors (actor i is "
+        "client i % num_clients's).",
+        check=POSITIVE,
+    )
+    local_updates_per_round: int = setting(
+        100, "federated", "Learner steps each client takes per round.", check=POSITIVE
+    )
+    federated_rounds: int = setting(
+        0, "federated", "Rounds of a federated run; 0: until the run ends.", check=NON_NEGATIVE
+    )
+    secure_aggregation: bool = setting(
+        True, "federated", "Clients mask their updates: the coordinator learns only their sum."
+    )
+    dp_clip_norm: float = setting(
+        0.0,
+        "federated",
+        "Differential privacy: clip each client's update per round to this L2 norm; 0: no DP.",
+        check=NON_NEGATIVE,
+    )
+    dp_noise_multiplier: float = setting(
+        1.0,
+        "federated",
+        "Differential privacy: the summed update's Gaussian noise over dp_clip_norm.",
+        check=POSITIVE,
+    )
+    dp_delta: float = setting(1e-5, "federated", "The delta of the reported (epsilon, delta).")
+    dp_target_epsilon: float | None = setting(
+        None,
+        "federated",
+        "Refuse a federated run whose federated_rounds would spend more epsilon than this.",
+    )
 
     @property
     def elastic_policy(self) -> elastic.ElasticPolicy | None:
@@ -339,7 +375,16 @@ class ExperimentConfig:
 
     @property
     def saves_checkpoints(self) -> bool:
-        return self.checkpoint_interval_steps > 0
+        # A federated run keeps no checkpoints yet (docs/federated.md).
+        return self.checkpoint_interval_steps > 0 and self.learner_mode != "federated"
+
+    def privacy_settings(self) -> privacy.PrivacySettings | None:
+        """A federated run's differential-privacy settings; None without DP."""
+        if not self.dp_clip_norm:
+            return None
+        return privacy.PrivacySettings(
+            self.dp_clip_norm, self.dp_noise_multiplier, self.dp_delta, self.dp_target_epsilon
+        )
 
     def validate(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
@@ -361,6 +406,7 @@ class ExperimentConfig:
             self.balance_factor, self.balance_interval_s, self.balance_remedy, self.balance_weight
         )
         self._check_resume()
+        self._check_federated()
 
     def _check_launcher(self) -> None:
         """What only the ray launcher does, asked of launchpad: refused before anything starts."""
@@ -474,3 +520,51 @@ class ExperimentConfig:
                 f"shard(s), but num_replay_shards={self.num_replay_shards}; resume with "
                 f"num_replay_shards={saved_shards}"
             )
+
+    def _check_federated(self) -> None:
+        """What a federated run cannot do yet, refused at once; its privacy budget."""
+        if self.learner_mode != "federated":
+            if self.dp_clip_norm or self.dp_target_epsilon is not None:
+                raise ValueError("dp_clip_norm and dp_target_epsilon need learner_mode=federated")
+            return
+        if self.launcher == "launchpad":
+            raise ValueError(
+                "learner_mode=federated runs under launcher=local or ray (the Launchpad set "
+                "has no dp-accounting)"
+            )
+        if self.num_clients < 2:
+            raise ValueError(f"a federated run needs num_clients >= 2, got {self.num_clients}")
+        if self.num_actors < self.num_clients:
+            raise ValueError(
+                f"num_actors ({self.num_actors}) must be at least num_clients "
+                f"({self.num_clients}): every client acts in its own envs"
+            )
+        unsupported = {
+            "resume": self.resume,
+            "num_replay_shards > 1": self.num_replay_shards > 1,
+            "num_learner_hosts > 1": self.num_learner_hosts > 1,
+            "param_cache_per_host": self.param_cache_per_host,
+            "elastic_interval_s": self.elastic_interval_s,
+            # Adding and removing actors wires them as a single-learner run's.
+            "balance_remedy=replace": self.balance_interval_s and self.balance_remedy == "replace",
+            "demos": self.demos,
+        }
+        refused = [name for name, value in unsupported.items() if value]
+        if refused:
+            raise ValueError(f"learner_mode=federated does not support {', '.join(refused)} yet")
+        settings = self.privacy_settings()
+        if settings is None:
+            if self.dp_target_epsilon is not None:
+                raise ValueError("dp_target_epsilon needs differential privacy: set dp_clip_norm")
+            return
+        if settings.target_epsilon is not None:
+            if not self.federated_rounds:
+                raise ValueError(
+                    f"dp_target_epsilon={settings.target_epsilon:g} needs federated_rounds: at "
+                    f"dp_noise_multiplier={settings.noise_multiplier:g} the target allows "
+                    f"{privacy.max_rounds(settings)} rounds"
+                )
+            try:
+                privacy.check_budget(settings, self.federated_rounds)
+            except privacy.PrivacyBudgetExceeded as error:
+                raise ValueError(f"federated_rounds={self.federated_rounds}: {error}") from None

@@ -35,6 +35,10 @@ def make_program(
         # Before anything starts: "downweight" needs priorities in the sampled table.
         balance.check_remedy(cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table)
     demonstrations.check_run(cfg.demos, builder, spec)
+    if cfg.learner_mode == "federated":
+        from gorila_jax.run import federated_program  # it builds on this module's parts
+
+        return federated_program.make_program(builder, cfg, spec)
     program = program_lib.Program("gorila")
     restore_step = resume.step if resume else None
     meta = resume.meta if resume else {}
@@ -132,18 +136,7 @@ def _add_actors_and_evaluator(
     """Actors, and the evaluator if evaluations are on, wired to `nodes` = (replay shards,
     parameter source, monitor); the parameter source is the learner, or the Gorila shards."""
     replay_nodes, params_from, monitor_node = nodes
-    if cfg.eval_interval_s > 0:
-        with program.group("evaluator", program_lib.Resources(num_cpus=0)):
-            program.add_node(
-                evaluation.EvaluatorNode,
-                builder,
-                spec,
-                params_from,
-                monitor_node,
-                cfg.seed,
-                cfg.eval_episodes,
-                cfg.eval_interval_s,
-            )
+    add_evaluator(program, builder, cfg, spec, params_from, monitor_node)
     caches = _add_param_caches(
         program, builder, cfg, spec, params_from, monitor_node, restored_counters
     )
@@ -163,6 +156,29 @@ def _add_actors_and_evaluator(
             # A replacement acts with the same index (seed offset) and config,
             # and continues the counters (and exploration schedule) it reported last.
             program.node(handle.name).restartable(monitor.continue_counters)
+
+
+def add_evaluator(
+    program: program_lib.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    params_from: Any,
+    monitor_node: program_lib.Handle,
+) -> None:
+    """The evaluator, reading `params_from`, if evaluations are on."""
+    if cfg.eval_interval_s > 0:
+        with program.group("evaluator", program_lib.Resources(num_cpus=0)):
+            program.add_node(
+                evaluation.EvaluatorNode,
+                builder,
+                spec,
+                params_from,
+                monitor_node,
+                cfg.seed,
+                cfg.eval_episodes,
+                cfg.eval_interval_s,
+            )
 
 
 def actor_arguments(
@@ -294,13 +310,13 @@ def _add_replay_shards(
                 tiering=tiering and tiering.for_shard(shard, num_shards),
             )
             handles.append(handle)
-    restart = functools.partial(_restart_replay, cfg.saves_checkpoints)
+    restart = functools.partial(restart_replay, cfg.saves_checkpoints)
     for handle in handles:
         program.node(handle.name).restartable(restart)
     return handles
 
 
-def _restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
+def restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
     """A replacement replay restores its newest intact checkpoint (or starts empty).
 
     It loses the items written since that checkpoint: at most

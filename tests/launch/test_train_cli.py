@@ -137,6 +137,20 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         ({"config": {"cold_replay_size": 10_000}}, "needs a tiered replay"),
         ({"replay_cold_dir": "/tmp/cold"}, "is for a tiered replay: set --config.hot_replay_size"),
         ({"replay_cold_gb": 2.0}, "replay_cold_gb=2.0 is for a tiered replay"),
+        ({"learner_mode": "federated", "num_clients": 1}, "needs num_clients >= 2, got 1"),
+        (
+            {"learner_mode": "federated", "num_clients": 3, "num_actors": 2},
+            r"num_actors \(2\) must be at least num_clients \(3\)",
+        ),
+        (
+            {"learner_mode": "federated", "launcher": "launchpad"},
+            "learner_mode=federated runs under launcher=local or ray",
+        ),
+        ({"dp_clip_norm": 1.0}, "need learner_mode=federated"),
+        (
+            {"learner_mode": "federated", "dp_target_epsilon": 0.5},
+            "dp_target_epsilon needs differential privacy: set dp_clip_norm",
+        ),
         ({"replay_cold_compression": "zlib"}, "replay_cold_compression=zlib is for a tiered"),
     ],
 )
@@ -261,3 +275,20 @@ def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
     assert shard.cold_bytes == int(1.5 * 2**30) // 2, "each shard takes its part of the disk"
     assert shard.cold_compression == "zlib"
     assert shard.cold_dir == str(tmp_path / "replay_cold" / "shard1")
+
+
+@pytest.mark.parametrize(
+    "rounds, message",
+    [
+        (None, r"needs federated_rounds: .* the target allows \d+ rounds"),
+        (1000, r"federated_rounds=1000: 1000 rounds .* over the target 0.5: the target allows"),
+    ],
+    ids=["no rounds", "over the target"],
+)
+def test_a_federated_run_over_its_privacy_target_is_refused_before_it_starts(rounds, message):
+    pytest.importorskip("dp_accounting")  # not in the Launchpad set, which refuses federated
+    settings = dict(dp_clip_norm=1.0, dp_noise_multiplier=1.0, dp_target_epsilon=0.5)
+    if rounds:
+        settings["federated_rounds"] = rounds
+    with pytest.raises(ValueError, match=message):
+        _check(learner_mode="federated", **settings)
