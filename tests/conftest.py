@@ -8,11 +8,18 @@ if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
     # Append rather than assign: the user may have XLA_FLAGS of their own.
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAKE_DEVICES}".strip()
 
+import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 
 import psutil  # noqa: E402
 import pytest  # noqa: E402
+
+# A non-interactive shell starts its background jobs (`cmd &`) with SIGINT ignored,
+# and every child inherits that. The tests that press Ctrl-C on a sweep or a
+# benchmark's run stand for a person at a terminal, whose runs never ignore it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Options for the Ray launcher in tests: 2 logical CPUs as on the CI machine,
 # a small object store so the cluster starts fast.
