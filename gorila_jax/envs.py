@@ -1,4 +1,8 @@
-"""envpool environments: id validation, construction and the spec agents build from."""
+"""envpool environments: id validation, construction and the spec agents build from.
+
+Multi-agent tasks (`mpe/...` ids) come from gorila_jax/multiagent.py through the
+same three functions, as vector envs of the same shape.
+"""
 
 import difflib
 import functools
@@ -10,7 +14,7 @@ import envpool
 import gymnasium
 import numpy as np
 
-from gorila_jax import types
+from gorila_jax import multiagent, types
 
 
 @functools.cache
@@ -26,8 +30,10 @@ def _quiet_box_warnings() -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Raises ValueError naming close matches if envpool does not know `env_id`."""
+    """Raises ValueError naming close matches if neither envpool nor mpe2 knows `env_id`."""
     known = _known_env_ids()
+    if multiagent.is_multiagent(env_id):
+        known = multiagent.known_env_ids()
     if env_id in known:
         return
     close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.6)
@@ -162,6 +168,9 @@ def make_env(
 ) -> Any:
     """A gymnasium-API envpool vector env of `num_envs` copies, seeded with `seed`.
 
+    A multi-agent task's copies give `spec.agents_per_env` rows each
+    (`multiagent.RoleEnv`).
+
     Training envs (the default) and evaluation envs differ in their
     preprocessing (see `preprocessing`); `env_kwargs` override both. An env
     that observes a dict of numeric arrays (dm_control) comes wrapped in a
@@ -173,6 +182,10 @@ def make_env(
     check_env_id(env_id)
     if num_envs < 1:
         raise ValueError(f"num_envs must be positive, got {num_envs}")
+    if multiagent.is_multiagent(env_id):
+        # Preprocessing and the thread pool are envpool's; the rest go to the task.
+        env_kwargs.pop("num_threads", None)
+        return multiagent.RoleEnv(env_id, num_envs, seed, **env_kwargs)
     _quiet_box_warnings()
     options = {**preprocessing(env_id, evaluation), **env_kwargs}
     env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
@@ -228,6 +241,8 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
         or spaces no agent takes (saying which and why).
     """
     check_env_id(env_id)
+    if multiagent.is_multiagent(env_id):
+        return multiagent.env_spec(env_id)
     _quiet_box_warnings()
     try:
         spec = envpool.make_spec(env_id, **env_kwargs)

@@ -26,6 +26,8 @@ class EnvSpec(NamedTuple):
       action_low: per-dimension lower bound (continuous only, else empty).
       action_high: per-dimension upper bound (continuous only, else empty).
       max_episode_steps: the time limit after which episodes are truncated.
+      agents_per_env: rows of the batch one env copy gives: its agents of the
+        role acted for (multi-agent tasks, gorila_jax/multiagent.py); 1 elsewhere.
     """
 
     env_id: str
@@ -37,6 +39,7 @@ class EnvSpec(NamedTuple):
     action_low: tuple = ()
     action_high: tuple = ()
     max_episode_steps: int = 0
+    agents_per_env: int = 1
 
     @property
     def discrete(self) -> bool:

@@ -18,6 +18,8 @@ BipedalWalker, LunarLanderContinuous, MetaWorld, MyoSuite, Adroit,
 Playground, the other describable dm_control tasks (CartpoleBalance's 5
 numbers, CheetahRun's 17, ...), robotics' goal dicts (Fetch, Hand,
 PointMaze), highway's Parking and LaneKeeping: "continuous".
+MPE tasks (gorila_jax/multiagent.py) of several agents: "multiagent"; of
+one (mpe/simple_v3): as any other env, "vector_discrete".
 Refused with the reason: dicts that do not flatten into numbers (MiniGrid's
 image and text, Jumanji's Discrete and MultiBinary entries, FrankaKitchen's
 nested dict), tabular state indices (FrozenLake, Taxi), channel-last images
@@ -51,6 +53,8 @@ FAMILIES = {
     "(Pendulum, MountainCarContinuous, InvertedPendulum)",
     "continuous": f"more than {SMALL_OBSERVATION_SIZE} numbers, continuous actions "
     "(MuJoCo, dm_control, BipedalWalker, LunarLanderContinuous, MetaWorld, MyoSuite)",
+    "multiagent": "several agents per env copy, a row each, one shared policy, discrete "
+    "actions (MPE's simple_spread)",
 }
 # family -> the kind of actions its envs have.
 ACTIONS = {
@@ -58,6 +62,7 @@ ACTIONS = {
     "vector_discrete": "discrete",
     "small_continuous": "continuous",
     "continuous": "continuous",
+    "multiagent": "discrete",
 }
 
 
@@ -70,8 +75,12 @@ def describe(spec: types.EnvSpec) -> str:
     2 discrete actions"."""
     obs = f"shape {spec.observation_shape} {spec.observation_dtype} observations"
     if spec.discrete:
-        return f"{obs} and {spec.num_actions} discrete actions"
-    return f"{obs} and continuous actions of shape {spec.action_shape}"
+        described = f"{obs} and {spec.num_actions} discrete actions"
+    else:
+        described = f"{obs} and continuous actions of shape {spec.action_shape}"
+    if spec.agents_per_env > 1:
+        described += f", {spec.agents_per_env} agents per copy sharing one policy"
+    return described
 
 
 def family(spec: types.EnvSpec) -> str:
@@ -89,6 +98,10 @@ def family(spec: types.EnvSpec) -> str:
                 f"(low {min(spec.action_low):g}, high {max(spec.action_high):g}); agents here "
                 "squash or clip actions into bounds"
             )
+    if spec.agents_per_env > 1:
+        # Rows of several agents that share one policy: short episodes, a reward per
+        # agent that moves with what the others do; presets of their own.
+        return "multiagent"
     if _is_image(spec):
         channels, height, width = spec.observation_shape
         if channels >= min(height, width):

@@ -58,6 +58,7 @@ AUTO_PRESETS = {
     "vector_discrete": {"dqn": "cartpole", "qrdqn": "cartpole", "ppo": "cartpole"},
     "small_continuous": {"ppo": "pendulum", "sac": "pendulum"},
     "continuous": {"ppo": "mujoco", "sac": "mujoco"},
+    "multiagent": {"ppo": "mpe"},
 }
 # Within the image family, the games of the brief's difficulty table, by the
 # env id's name before the version, for the agents that have these presets.
@@ -80,10 +81,13 @@ def check_agent_can_act(agent: str, spec: types.EnvSpec) -> str:
     if agent in AUTO_PRESETS[family]:
         return family
     takes = sorted({families.ACTIONS[f] for f, picks in AUTO_PRESETS.items() if agent in picks})
+    if families.ACTIONS[family] in takes:  # the actions fit; the family has no preset of its
+        why = f"{agent.upper()} has no preset for the {family} family"
+    else:
+        why = f"{agent.upper()} takes {' or '.join(takes)} actions"
     raise ValueError(
         f"{agent.upper()} cannot act in {spec.env_id}: it has {families.describe(spec)}; "
-        f"{agent.upper()} takes {' or '.join(takes)} actions; agents that can: "
-        f"{', '.join(agents_for(family))}"
+        f"{why}; agents that can: {', '.join(agents_for(family))}"
     )
 
 

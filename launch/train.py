@@ -28,7 +28,7 @@ import envpool.registration
 from absl import app, flags
 from ml_collections import config_flags
 
-from gorila_jax import config_checks, console, demonstrations, envs, types
+from gorila_jax import config_checks, console, demonstrations, envs, multiagent, types
 from gorila_jax.gorila import mode
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
@@ -223,8 +223,15 @@ def env_lines() -> list[str]:
     agents that can act there."""
     groups: dict[tuple[str, str], list[str]] = {}
     cache: dict = {}
-    for env_id in envpool.list_all_envs():
-        family = envpool.registration.registry.specs[env_id][0].removeprefix("envpool.")
+    tasks = [
+        *(
+            (env_id, envpool.registration.registry.specs[env_id][0])
+            for env_id in envpool.list_all_envs()
+        ),
+        *((env_id, "mpe2") for env_id in multiagent.known_env_ids()),
+    ]
+    for env_id, package in tasks:
+        family = package.removeprefix("envpool.")
         try:
             spec = envs.env_spec(env_id)
             families.family(spec)

@@ -38,6 +38,7 @@ LAYERS = (
         "parallel",
         "precision",
         "envs",
+        "multiagent",
         "metrics",
         "curves",
         "plots",

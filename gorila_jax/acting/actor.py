@@ -105,7 +105,8 @@ class ActorNode(program.Worker):
         `replay_client` may be the list of a sharded replay's shards: the actor
         writes to its assigned one, `replay.assigned_shard`.
       seed: root seed of the experiment.
-      num_envs: envs in this actor's envpool.
+      num_envs: envs in this actor's envpool. A multi-agent task's copy gives
+        `spec.agents_per_env` rows (one per agent); env steps count rows.
       param_pull_interval: actor steps between parameter requests.
       report_interval_s: how often counters and episode returns go to the monitor.
       max_env_steps: stop after this many env steps (0: run until stopped).
@@ -140,6 +141,7 @@ class ActorNode(program.Worker):
         self._learner = parameter_server.parameter_source(learner, builder, spec, seed, self.name)
         self._monitor = monitor
         self._num_envs, self._pull_interval = num_envs, param_pull_interval
+        self._rows = num_envs * spec.agents_per_env  # the batch the policy and adder see
         self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps
         self._env_threads = env_threads
         # fold_in by index: adding actors never changes the streams of existing ones.
@@ -157,7 +159,7 @@ class ActorNode(program.Worker):
         self._replay_node = replay_client
         self._replay_address = replay_client.address()
         self.param_version = -1
-        self.episodes = EpisodeTracker(num_envs, int(restored_counters.get("episodes", 0)))
+        self.episodes = EpisodeTracker(self._rows, int(restored_counters.get("episodes", 0)))
         self._finished = threading.Event()
 
     def run(self) -> None:
@@ -175,7 +177,7 @@ class ActorNode(program.Worker):
             )
             # A ReplayClient: the writer finds a replay node restarted at another address.
             client = replay.ReplayClient(self._replay_node, self._replay_address)
-            adder = self._builder.make_adder(client, self._spec, self._num_envs, self._stop_event)
+            adder = self._builder.make_adder(client, self._spec, self._rows, self._stop_event)
             puller = ParameterPuller(self._learner, self._pull_interval)
             self._act(env, adder, puller)
         except replay.Stopped:
@@ -196,7 +198,7 @@ class ActorNode(program.Worker):
     def _act(self, env: Any, adder: Any, puller: "ParameterPuller") -> None:
         """Steps the envs, writing every step to replay, until stopped or out of budget."""
         obs, _ = env.reset()
-        valid = np.ones(self._num_envs, bool)
+        valid = np.ones(self._rows, bool)
         unwritten: types.EnvStep | None = None
         last_report = time.monotonic()
         # One key per step of this loop, not per env step: a step in which every env

@@ -25,7 +25,9 @@ LEARNER_MODES = ("sync", "gorila", "federated")
 class ExperimentConfig:
     """Settings of one run that are not the agent's hyperparameters; see each field's help."""
 
-    env_id: str = setting("CartPole-v1", "run", "envpool task id.", flag="env")
+    env_id: str = setting(
+        "CartPole-v1", "run", "envpool task id, or mpe/<task> (docs/multiagent.md).", flag="env"
+    )
     total_env_steps: int = setting(
         100_000, "run", "The run stops once actors have taken this many env steps.", check=POSITIVE
     )

@@ -34,6 +34,8 @@ EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "nu
         ("CartpoleBalance-v1", "continuous"),  # position 3 + velocity 2
         ("PointMassEasy-v1", "small_continuous"),  # position 2 + velocity 2
         ("FetchReach-v4", "continuous"),  # observation 10 + achieved_goal 3 + desired_goal 3
+        ("mpe/simple_spread_v3", "multiagent"),  # 3 agents, a row each
+        ("mpe/simple_v3", "vector_discrete"),  # one agent: a single-agent task
     ],
 )
 def test_an_envs_family_follows_from_its_observations_and_actions(env_id, family):
@@ -125,6 +127,14 @@ def test_auto_gives_each_agent_its_preset_for_the_family(agent, env_id, preset):
             "ppo, sac",
         ),
         ("sac", "Pong-v5", "mujoco", "agents that can: dqn, ppo, qrdqn"),
+        (
+            "dqn",
+            "mpe/simple_spread_v3",
+            "auto",
+            "DQN cannot act in mpe/simple_spread_v3: it has shape (18,) float32 observations "
+            "and 5 discrete actions, 3 agents per copy sharing one policy; DQN has no preset "
+            "for the multiagent family; agents that can: ppo",
+        ),
     ],
 )
 def test_an_agent_that_cannot_act_there_says_so_and_names_those_that_can(

@@ -10,6 +10,7 @@ import sys
 import psutil
 import pytest
 
+from gorila_jax import multiagent
 from gorila_jax.run import experiment
 from launch import presets, train
 
@@ -256,8 +257,12 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
         assert "no agent" in _header_of(env_groups, "FingerSpin-v1")  # envpool cannot describe it
     # dm_control's dict observations, flattened.
     assert _header_of(env_groups, "CheetahRun-v1") == "mujoco.dmc | continuous actions: ppo, sac"
+    assert _header_of(env_groups, "mpe/simple_spread_v3") == "mpe2 | discrete actions: ppo"
+    assert _header_of(env_groups, "mpe/simple_tag_v3").startswith(
+        "mpe2 | no agent: it has 2 roles: adversary (3), agent (1)"
+    )
     listed = [env_id for ids in env_groups.values() for env_id in ids]
-    assert sorted(listed) == sorted(train.envpool.list_all_envs())
+    assert sorted(listed) == sorted([*train.envpool.list_all_envs(), *multiagent.known_env_ids()])
 
 
 def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
