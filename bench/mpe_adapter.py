@@ -8,7 +8,6 @@ loop, restarting each when it ends; the ratio of the two. Last line: JSON.
   python bench/mpe_adapter.py --env=mpe/simple_spread_v3 --num_envs=8
 """
 
-import importlib
 import json
 import os
 import sys
@@ -28,18 +27,16 @@ FLAGS = flags.FLAGS
 
 
 def _raw_rate(env_id: str, num_envs: int, rows: int, seconds: float) -> float:
-    module = importlib.import_module(f"mpe2.{env_id.removeprefix(multiagent.PREFIX)}")
-    copies = [
-        module.parallel_env(max_cycles=multiagent.MAX_CYCLES, continuous_actions=False)
-        for _ in range(num_envs)
-    ]
+    copies = [multiagent.make_task(env_id) for _ in range(num_envs)]
     for i, copy in enumerate(copies):
         copy.reset(seed=i)
     rng = np.random.default_rng(0)
 
     def step():
         for copy in copies:
-            copy.step({agent: int(rng.integers(0, 5)) for agent in copy.agents})
+            copy.step(
+                {agent: int(rng.integers(copy.action_space(agent).n)) for agent in copy.agents}
+            )
             if not copy.agents:
                 copy.reset()
 

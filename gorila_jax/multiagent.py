@@ -19,6 +19,7 @@ import importlib
 import re
 from typing import Any
 
+import gymnasium
 import numpy as np
 
 from gorila_jax import types
@@ -47,7 +48,8 @@ def role_of(agent: str) -> str:
     return match.group(1) if match else agent
 
 
-def _make_task(env_id: str, **task_kwargs: Any) -> Any:
+def make_task(env_id: str, **task_kwargs: Any) -> Any:
+    """One copy of the task: mpe2's parallel env, discrete actions, `MAX_CYCLES` steps."""
     if env_id not in known_env_ids():
         raise ValueError(f"unknown MPE task {env_id!r}; mpe2 has {', '.join(known_env_ids())}")
     module = importlib.import_module(f"mpe2.{env_id[len(PREFIX) :]}")
@@ -57,7 +59,7 @@ def _make_task(env_id: str, **task_kwargs: Any) -> Any:
 @functools.cache
 def _roles(env_id: str) -> dict[str, tuple[tuple[str, ...], types.EnvSpec]]:
     """role -> (its agents in the task's order, the spec of one of its rows)."""
-    task = _make_task(env_id)
+    task = make_task(env_id)
     agents_by_role: dict[str, list[str]] = {}
     for agent in task.possible_agents:
         agents_by_role.setdefault(role_of(agent), []).append(agent)
@@ -117,7 +119,8 @@ class MultiAgentVectorEnv:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
         self.env_id, self.num_envs = env_id, num_envs
         self.agents = {role: agents for role, (agents, _) in _roles(env_id).items()}
-        self._copies = [_make_task(env_id, **task_kwargs) for _ in range(num_envs)]
+        self._rows_per_copy = {role: len(agents) for role, agents in self.agents.items()}
+        self._copies = [make_task(env_id, **task_kwargs) for _ in range(num_envs)]
         self._seed = seed
         # A copy whose episode ended on the last step restarts on the next one.
         self._ended = np.zeros(num_envs, bool)
@@ -140,7 +143,6 @@ class MultiAgentVectorEnv:
         """role -> (observations, rewards, terminated, truncated) after acting `actions`
         (role -> one action per row). Copies that ended on the last step restart instead,
         as envpool's do, ignoring their rows' actions."""
-        rows_per_copy = {role: len(agents) for role, agents in self.agents.items()}
         obs, rewards, terminated, truncated = [], [], [], []
         for i, copy in enumerate(self._copies):
             if self._ended[i]:
@@ -152,7 +154,7 @@ class MultiAgentVectorEnv:
                 self._ended[i] = False
                 continue
             act = {
-                agent: int(actions[role][i * rows_per_copy[role] + k])
+                agent: int(actions[role][i * self._rows_per_copy[role] + k])
                 for role, agents in self.agents.items()
                 for k, agent in enumerate(agents)
             }
@@ -188,14 +190,10 @@ class RoleEnv:
 
     @property
     def observation_space(self) -> Any:
-        import gymnasium  # noqa: PLC0415
-
         return gymnasium.spaces.Box(-np.inf, np.inf, self.spec_.observation_shape, np.float32)
 
     @property
     def action_space(self) -> Any:
-        import gymnasium  # noqa: PLC0415
-
         return gymnasium.spaces.Discrete(self.spec_.num_actions)
 
     def reset(self) -> tuple[np.ndarray, dict]:

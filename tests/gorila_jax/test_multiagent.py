@@ -1,8 +1,6 @@
 """MPE tasks (mpe2) as vector envs: specs, roles, rows against the library's own env,
 and envpool's auto-reset rule, through `envs` as actors and evaluators call it."""
 
-import importlib
-
 import numpy as np
 import pytest
 
@@ -10,12 +8,6 @@ from gorila_jax import envs, multiagent
 
 SPREAD = "mpe/simple_spread_v3"
 TAG = "mpe/simple_tag_v3"
-
-
-def _raw(env_id: str) -> object:
-    """mpe2's own parallel env, as `multiagent` makes its copies."""
-    module = importlib.import_module(f"mpe2.{env_id.removeprefix('mpe/')}")
-    return module.parallel_env(max_cycles=multiagent.MAX_CYCLES, continuous_actions=False)
 
 
 def test_a_task_of_one_role_has_a_spec_with_a_row_per_agent():
@@ -46,7 +38,7 @@ def test_an_unknown_task_names_close_ones():
 def test_rows_are_the_library_envs_agents_copy_by_copy():
     num_envs, seed = 3, 11
     env = envs.make_env(SPREAD, num_envs, seed=seed, num_threads=1)  # envpool's option is dropped
-    raws = [_raw(SPREAD) for _ in range(num_envs)]
+    raws = [multiagent.make_task(SPREAD) for _ in range(num_envs)]
     try:
         obs, info = env.reset()
         want = [raw.reset(seed=seed + i)[0] for i, raw in enumerate(raws)]
@@ -102,7 +94,7 @@ def test_actions_of_the_wrong_shape_are_refused():
 
 def test_each_role_gets_its_own_rows_and_acts_its_own_agents():
     env = multiagent.MultiAgentVectorEnv(TAG, 2, seed=5)
-    raws = [_raw(TAG) for _ in range(2)]
+    raws = [multiagent.make_task(TAG) for _ in range(2)]
     try:
         obs = env.reset()
         assert obs["adversary"].shape == (6, 16) and obs["agent"].shape == (2, 14)
