@@ -52,16 +52,51 @@ class Run:
     batch_size: int | None
 
 
-def read_run(logdir: str) -> Run:
+# What a run of role groups logs per role (`<role>/<figure>`) that stands for the
+# run's own figure when one role's view is asked for.
+ROLE_FIGURES = ("mean_return", "eval_return", "learner_steps")
+
+
+def role_summary(summary: dict[str, Any], role: str, source: str = "summary.json") -> dict:
+    """A summary of a run of role groups as `role`'s alone: its final greedy return and
+    its evaluations in place of the run's.
+
+    Raises:
+      ValueError: the run has no such role (naming its roles, or saying it has none).
+    """
+    roles = summary.get("roles") or {}
+    if role not in roles:
+        has = f"its roles are {', '.join(roles)}" if roles else "it is not a run of role groups"
+        raise ValueError(f"{source} has no role {role!r}: {has}")
+    return {
+        **summary,
+        "final_eval_return": roles[role].get("final_eval_return"),
+        "evaluations": [e for e in summary.get("evaluations", []) if e.get("role") == role],
+    }
+
+
+def run_roles(logdir: str) -> tuple[str, ...]:
+    """The roles of a finished run of role groups in `logdir`; () for any other run."""
+    summary = _read_summary(logdir) or {}
+    return tuple(summary.get("roles") or ())
+
+
+def role_rows(rows: list[dict[str, Any]], role: str) -> list[dict[str, Any]]:
+    """metrics.csv rows with `role`'s figures (`ROLE_FIGURES`) under the run's names."""
+    return [{**row, **{name: row.get(f"{role}/{name}") for name in ROLE_FIGURES}} for row in rows]
+
+
+def read_run(logdir: str, role: str | None = None) -> Run:
     """Reads a run's metrics.csv and, if the run ended, its summary.json.
 
     The greedy evaluations come from summary.json: the evaluator's, then the driver's
     final one (the sweep's result). A run still going, without summary.json, has the
-    latest greedy return of each metrics.csv row instead.
+    latest greedy return of each metrics.csv row instead. With `role`, the run (one of
+    role groups) as that role's: its returns, evaluations and learner steps.
 
     Raises:
       FileNotFoundError: `logdir` has no metrics.csv.
-      ValueError: metrics.csv or summary.json cannot be read, naming the file.
+      ValueError: metrics.csv or summary.json cannot be read, naming the file; no such role.
     """
     csv_path = os.path.join(logdir, "metrics.csv")
     if not os.path.isfile(csv_path):
@@ -78,6 +113,12 @@ def read_run(logdir: str) -> Run:
             if not is_number(row.get(needed)):
                 raise ValueError(f"cannot read {csv_path}: line {line} has no number in {needed}")
     summary = _read_summary(logdir)
+    if role is not None:
+        rows = role_rows(rows, role)
+        if f"{role}/eval_return" not in columns:
+            raise ValueError(f"{csv_path} has no role {role!r}: no {role}/eval_return column")
+        if summary is not None:
+            summary = role_summary(summary, role, os.path.join(logdir, "summary.json"))
     if summary is None:
         evaluations = [
             {"env_steps": row["env_steps"], "wall_time_s": row["wall_time_s"], "eval_return": e}

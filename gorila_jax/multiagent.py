@@ -94,6 +94,15 @@ def role_specs(env_id: str) -> dict[str, types.EnvSpec]:
     return {role: spec for role, (_, spec) in _roles(env_id).items()}
 
 
+def roles_of(env_id: str) -> tuple[str, ...]:
+    """The roles of a task with several roles, sorted; () for any other env (a run of
+    role groups, gorila_jax/run/role_program.py, is one on such a task)."""
+    if not is_multiagent(env_id):
+        return ()
+    roles = tuple(sorted(role_specs(env_id)))
+    return roles if len(roles) > 1 else ()
+
+
 def env_spec(env_id: str) -> types.EnvSpec:
     """The spec of a task with one role.
 
@@ -121,7 +130,7 @@ class MultiAgentVectorEnv:
         self.agents = {role: agents for role, (agents, _) in _roles(env_id).items()}
         self._rows_per_copy = {role: len(agents) for role, agents in self.agents.items()}
         self._copies = [make_task(env_id, **task_kwargs) for _ in range(num_envs)]
-        self._seed = seed
+        self._seed, self._seeded = seed, False
         # A copy whose episode ended on the last step restarts on the next one.
         self._ended = np.zeros(num_envs, bool)
 
@@ -134,8 +143,16 @@ class MultiAgentVectorEnv:
         return {role: self._rows(per_copy, role, np.float32) for role in self.agents}
 
     def reset(self) -> dict[str, np.ndarray]:
-        """Every copy's first observations, by role. Copy i is seeded with seed + i."""
-        per_copy = [copy.reset(seed=self._seed + i)[0] for i, copy in enumerate(self._copies)]
+        """Every copy's first observations, by role. Copy i is seeded with seed + i at the
+        first reset; later resets go on from each copy's own random state, as envpool's
+        do (an evaluator that resets for every evaluation plays new episodes each time)."""
+        seeds = (
+            [None] * self.num_envs
+            if self._seeded
+            else range(self._seed, self._seed + self.num_envs)
+        )
+        self._seeded = True
+        per_copy = [copy.reset(seed=seed)[0] for seed, copy in zip(seeds, self._copies)]
         self._ended[:] = False
         return self._observations(per_copy)
 

@@ -141,6 +141,7 @@ def plot_logdirs(
     panels: Sequence[str] = ("return",),
     stat: str = "iqm",
     labels: Sequence[str] = (),
+    role: str | None = None,
 ):
     """Draws the runs under `logdirs` (see `curves.find_groups`) to `out`; groups of the same
     name, from any logdir, are one group.
@@ -158,7 +159,7 @@ def plot_logdirs(
     groups: dict[str, list[curves.Run]] = {}
     for logdir, label in zip(logdirs, labels or [None] * len(logdirs)):
         for group, run_logdirs in curves.find_groups(logdir, label).items():
-            groups.setdefault(group, []).extend(curves.read_run(d) for d in run_logdirs)
+            groups.setdefault(group, []).extend(curves.read_run(d, role) for d in run_logdirs)
     fig = draw_curves(groups, panels, x_axes, stat)
     fig.savefig(out)
     return fig
@@ -166,7 +167,7 @@ def plot_logdirs(
 
 def write_run_curves(logdir: str, path: str | None = None) -> str:
     """Writes a run's curves.png: greedy and training return against env steps and
-    against wall seconds.
+    against wall seconds; one line per role for a run of role groups.
 
     Returns:
       The path written (default `<logdir>/curves.png`).
@@ -175,9 +176,12 @@ def write_run_curves(logdir: str, path: str | None = None) -> str:
       FileNotFoundError, ValueError: as `curves.read_run`, or when the run logged no return.
     """
     path = path or os.path.join(logdir, "curves.png")
-    draw_curves({os.path.basename(os.path.normpath(logdir)): [curves.read_run(logdir)]}).savefig(
-        path
-    )
+    roles = curves.run_roles(logdir)
+    if roles:
+        groups = {role: [curves.read_run(logdir, role)] for role in roles}
+    else:
+        groups = {os.path.basename(os.path.normpath(logdir)): [curves.read_run(logdir)]}
+    draw_curves(groups).savefig(path)
     return path
 
 

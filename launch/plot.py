@@ -30,6 +30,11 @@ _PANELS = flags.DEFINE_list(
 _STAT = flags.DEFINE_enum(
     "stat", "iqm", list(curves.STATS), "The line over seeds: interquartile mean or mean."
 )
+_ROLE = flags.DEFINE_string(
+    "role",
+    None,
+    "For runs of a task of several roles (mpe/simple_tag_v3): draw this role's returns.",
+)
 _LABELS = flags.DEFINE_multi_string(
     "label",
     [],
@@ -43,7 +48,13 @@ def main(argv: list[str]) -> None:
     x_axes = tuple(curves.X_AXES) if _X.value == "both" else (_X.value,)
     try:
         plots.plot_logdirs(
-            _LOGDIRS.value, _OUT.value, x_axes, _PANELS.value, _STAT.value, _LABELS.value
+            _LOGDIRS.value,
+            _OUT.value,
+            x_axes,
+            _PANELS.value,
+            _STAT.value,
+            _LABELS.value,
+            _ROLE.value,
         )
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")

@@ -105,7 +105,9 @@ def interval_estimates(
     return out
 
 
-def first_crossing(logdir: str, summary: dict[str, Any], threshold: float) -> dict[str, Any]:
+def first_crossing(
+    logdir: str, summary: dict[str, Any], threshold: float, column: str = "eval_return"
+) -> dict[str, Any]:
     """When a run's greedy return first reached `threshold`.
 
     Env steps come from the first evaluation in summary["evaluations"] at or
@@ -113,7 +115,8 @@ def first_crossing(logdir: str, summary: dict[str, Any], threshold: float) -> di
     seconds from the first metrics.csv row whose eval_return is, since
     metrics.csv keeps the run's clock across resumes and the evaluations
     carry only unix times. An evaluation after the last row (the evaluator's
-    last one, during the stop) is dated by the run's total wall time.
+    last one, during the stop) is dated by the run's total wall time. `column`:
+    the metrics.csv column of the greedy return (`<role>/eval_return` for a role).
 
     Returns:
       {"reached": bool, "env_steps": int | None, "wall_time_s": float | None}.
@@ -128,7 +131,7 @@ def first_crossing(logdir: str, summary: dict[str, Any], threshold: float) -> di
     if os.path.exists(path):
         with open(path) as f:
             for row in csv.DictReader(f):
-                value = float(row.get("eval_return") or "nan")
+                value = float(row.get(column) or "nan")
                 if not math.isnan(value) and value >= threshold:
                     wall_time = float(row["wall_time_s"])
                     break

@@ -84,7 +84,7 @@ def _check_train_flags(train_flags: Sequence[str]) -> None:
             raise SweepError(f"{flag}: the sweep sets --{name} for each run itself")
 
 
-def declared_cpus(flags: Sequence[str]) -> float:
+def declared_cpus(flags: Sequence[str], role: str | None = None) -> float:
     """Parses and checks `flags` exactly as `python -m launch.train` does, without running.
 
     Returns:
@@ -92,13 +92,14 @@ def declared_cpus(flags: Sequence[str]) -> float:
       one run takes of a Ray cluster.
 
     Raises:
-      SweepError: with launch.train's own error line (naming the flag or field).
+      SweepError: with launch.train's own error line (naming the flag or field); a
+        `role` (--role) the run's task does not have.
     """
     from absl import flags as absl_flags
 
-    from gorila_jax import envs
-    from gorila_jax.run import experiment
-    from launch import presets, train
+    from gorila_jax import envs, multiagent
+    from gorila_jax.run import experiment, role_program
+    from launch import train
 
     registry = absl_flags.FLAGS
     argv = ["launch.train", *flags]
@@ -116,9 +117,19 @@ def declared_cpus(flags: Sequence[str]) -> float:
         if len(rest) > 1:
             raise SweepError(f"unexpected arguments {rest[1:]} in {' '.join(flags)}")
         config, exp_config = train.make_configs()
-        builder = presets.AGENTS[train._AGENT.value].builder(config)
+        builder = train.make_builders(config)
         train.check_configs(builder, exp_config)
-        program = experiment.make_program(builder, exp_config, envs.env_spec(exp_config.env_id))
+        roles = multiagent.roles_of(exp_config.env_id)
+        if role is not None and role not in roles:
+            has = f"its roles are {', '.join(roles)}" if roles else "it has one role"
+            raise SweepError(
+                f"--role={role}: the runs' task {exp_config.env_id} has no such role; {has}"
+            )
+        if roles:
+            program = role_program.make_program(builder, exp_config)
+        else:
+            spec = envs.env_spec(exp_config.env_id)
+            program = experiment.make_program(builder, exp_config, spec)
     except SystemExit as error:
         message = stderr.getvalue().strip() or str(error.code)
         raise SweepError(f"{message.removeprefix('error: ')} (in {' '.join(flags)})") from None
@@ -161,6 +172,12 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="Return a run counts as solved at: fraction of runs and time to it.",
+    )
+    parser.add_argument(
+        "--role",
+        default=None,
+        help="For a task of several roles (mpe/simple_tag_v3): the role whose final greedy "
+        "return (and threshold crossing) the sweep reports.",
     )
     parser.add_argument("--launcher", choices=["local", "ray"], default="local")
     parser.add_argument(
@@ -205,7 +222,7 @@ def plan(
     grid = parse_grid(args.grid)
     runs, points, cpus = [], {}, 0.0
     for name, flags in groups(grid):
-        cpus = max(cpus, declared_cpus([*train_flags, *flags]))
+        cpus = max(cpus, declared_cpus([*train_flags, *flags], args.role))
         points[name] = dict(zip([key for key, _ in grid], [f.split("=", 1)[1] for f in flags]))
         for seed in range(args.seeds):
             logdir = os.path.join(args.sweep_dir, name, f"seed={seed}")
@@ -235,7 +252,9 @@ def _join_ray(args: argparse.Namespace, run_cpus: float, num_pending: int) -> tu
     return concurrency, address, owns_cluster
 
 
-def _not_finished(runs: list[sweep_runs.Run], threshold: float | None) -> list[sweep_runs.Run]:
+def _not_finished(
+    runs: list[sweep_runs.Run], threshold: float | None, role: str | None = None
+) -> list[sweep_runs.Run]:
     """The runs still to run; those that finished before are marked skipped, with results."""
     pending = []
     for run in runs:
@@ -244,7 +263,7 @@ def _not_finished(runs: list[sweep_runs.Run], threshold: float | None) -> list[s
             pending.append(run)
             continue
         run.status = "skipped"
-        sweep_runs.read_result(run, summary, threshold)
+        sweep_runs.read_result(run, summary, threshold, role)
         print(f"[{run.group} seed={run.seed}] skipped: finished before", flush=True)
     return pending
 
@@ -254,7 +273,7 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
     start = time.monotonic()
     runs, points, run_cpus = plan(args, train_flags)
     os.makedirs(args.sweep_dir, exist_ok=True)
-    pending = _not_finished(runs, args.threshold)
+    pending = _not_finished(runs, args.threshold, args.role)
     print(
         f"sweep: {len(runs)} runs ({len(points)} groups x {args.seeds} seeds), "
         f"{len(runs) - len(pending)} finished before, {len(pending)} to run in {args.sweep_dir}",
@@ -283,7 +302,7 @@ def sweep(args: argparse.Namespace, train_flags: list[str], command: list[str]) 
     record = {
         "command": command,
         "train_flags": train_flags,
-        **{key: getattr(args, key) for key in ("grid", "seeds", "threshold", "launcher")},
+        **{key: getattr(args, key) for key in ("grid", "seeds", "threshold", "launcher", "role")},
         "concurrency": concurrency,
         "run_declared_cpus": run_cpus,
         "bootstrap": {
@@ -320,7 +339,8 @@ def _run_all(
         if stop.is_set():
             return run
         print(f"[{run.group} seed={run.seed}] starting in {run.logdir}", flush=True)
-        sweep_runs.execute(run, "ray" if address else args.launcher, address, args.threshold)
+        launcher = "ray" if address else args.launcher
+        sweep_runs.execute(run, launcher, address, args.threshold, args.role)
         sweep_results.report_end(run)
         if run.status == "interrupted":
             stop.set()

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import Any
 
+from gorila_jax import curves
 from launch import stats
 
 CONSOLE_LOG = "console.log"
@@ -44,12 +45,18 @@ def finished_summary(logdir: str) -> dict[str, Any] | None:
     return summary if summary.get("stop_reason") != "interrupted" else None
 
 
-def read_result(run: Run, summary: dict[str, Any], threshold: float | None) -> None:
+def read_result(
+    run: Run, summary: dict[str, Any], threshold: float | None, role: str | None = None
+) -> None:
+    """The run's result from its summary: `role`'s, in a run of role groups, with `role`."""
+    if role is not None:
+        summary = curves.role_summary(summary, role, os.path.join(run.logdir, "summary.json"))
     run.final_return = summary["final_eval_return"]
     run.wall_time_s = summary.get("wall_time_s")
     run.env_steps = summary.get("env_steps")
     if threshold is not None:
-        run.threshold = stats.first_crossing(run.logdir, summary, threshold)
+        column = "eval_return" if role is None else f"{role}/eval_return"
+        run.threshold = stats.first_crossing(run.logdir, summary, threshold, column)
 
 
 def _tail(path: str) -> list[str]:
@@ -57,7 +64,13 @@ def _tail(path: str) -> list[str]:
         return [line.rstrip("\n") for line in f.readlines()[-TAIL_LINES:]]
 
 
-def execute(run: Run, launcher: str, ray_address: str | None, threshold: float | None) -> Run:
+def execute(
+    run: Run,
+    launcher: str,
+    ray_address: str | None,
+    threshold: float | None,
+    role: str | None = None,
+) -> Run:
     """Runs `run` as a `python -m launch.train` process, resuming it if it has a checkpoint."""
     from gorila_jax.learning import checkpoint
 
@@ -79,7 +92,7 @@ def execute(run: Run, launcher: str, ray_address: str | None, threshold: float |
     summary = finished_summary(run.logdir)
     if run.returncode == 0 and summary is not None:
         run.status = "finished"
-        read_result(run, summary, threshold)
+        read_result(run, summary, threshold, role)
     else:
         run.status = "interrupted" if run.returncode in (130, -2) else "failed"
         run.console_tail = _tail(console)

@@ -22,6 +22,7 @@ import difflib
 import sys
 import textwrap
 import typing
+from typing import Any
 
 import envpool
 import envpool.registration
@@ -31,7 +32,7 @@ from ml_collections import config_flags
 from gorila_jax import config_checks, console, demonstrations, envs, multiagent, types
 from gorila_jax.gorila import mode
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import experiment
+from gorila_jax.run import experiment, role_program
 from launch import families, presets
 
 _AGENT = flags.DEFINE_enum("agent", "dqn", list(presets.AGENTS), "Which agent to train.")
@@ -40,6 +41,14 @@ _PRESET = flags.DEFINE_string(
     "auto",
     f"Base hyperparameters: one of {', '.join(presets.NAMES)} (auto picks one by --env), "
     "or a .json/.yaml file (see launch/presets.py).",
+)
+_ROLE_AGENTS = flags.DEFINE_string(
+    "role_agents",
+    "",
+    "On a multi-agent task with several roles (mpe/simple_tag_v3): the agent of each role, "
+    "as role=agent pairs (adversary=ppo,agent=ppo); roles not named take --agent. Each "
+    "role gets its agent's --preset; --config.<field> overrides apply to the roles whose "
+    "agent is --agent.",
 )
 _PRECISION = flags.DEFINE_enum(
     "precision",
@@ -126,15 +135,56 @@ def _parse_flags(argv: list[str]) -> list[str]:
         sys.exit(2)
 
 
+def role_agents(env_id: str, text: str, default_agent: str) -> dict[str, str]:
+    """role -> agent of a task of several roles, from `--role_agents` text; {} for any
+    other env (where `text` must be empty).
+
+    Raises:
+      ValueError: a malformed pair, an unknown role or agent (naming the valid ones).
+    """
+    roles = multiagent.roles_of(env_id)
+    pairs = [pair.strip() for pair in text.split(",") if pair.strip()]
+    if not roles:
+        if pairs:
+            raise ValueError(
+                f"--role_agents is for multi-agent tasks with several roles; {env_id} has one"
+            )
+        return {}
+    agents = dict.fromkeys(roles, default_agent)
+    for pair in pairs:
+        role, sep, agent = pair.partition("=")
+        if not sep or role not in roles or agent not in presets.AGENTS:
+            raise ValueError(
+                f"--role_agents: {pair!r} is not role=agent with a role of {env_id} "
+                f"({', '.join(roles)}) and an agent ({', '.join(presets.AGENTS)})"
+            )
+        agents[role] = agent
+    return agents
+
+
 def make_configs() -> tuple[object, experiment.ExperimentConfig]:
-    """Agent config and experiment config from preset and flags, validated."""
-    config, preset_settings = presets.load(
-        _PRESET.value,
-        _AGENT.value,
-        _EXPERIMENT_FLAGS["env_id"].value,
-        set(_EXPERIMENT_FLAGS),
-        _EXPERIMENT_FLAGS["learner_mode"].value,
-    )
+    """Agent config and experiment config from preset and flags, validated.
+
+    On a task of several roles the agent config is a dict role -> config, and the
+    experiment settings that presets give come from the first role's preset.
+    """
+    env_id = _EXPERIMENT_FLAGS["env_id"].value
+    agents = role_agents(env_id, _ROLE_AGENTS.value, _AGENT.value)
+    specs = multiagent.role_specs(env_id) if agents else {None: None}
+    loaded = {}
+    for role, spec in sorted(specs.items(), key=lambda item: str(item[0])):
+        try:
+            loaded[role] = presets.load(
+                _PRESET.value,
+                agents.get(role, _AGENT.value),
+                env_id,
+                set(_EXPERIMENT_FLAGS),
+                _EXPERIMENT_FLAGS["learner_mode"].value,
+                spec=spec,
+            )
+        except ValueError as error:
+            raise ValueError(str(error) if role is None else f"role {role}: {error}") from None
+    preset_settings = next(iter(loaded.values()))[1]
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     if _PRECISION.value is not None:
         overrides["precision"] = _PRECISION.value
@@ -144,13 +194,26 @@ def make_configs() -> tuple[object, experiment.ExperimentConfig]:
         else preset_settings[field]
         for field, holder in _EXPERIMENT_FLAGS.items()
     }
-    # An agent whose config sizes things by the actor count (PPO: per-actor
-    # KL, the scaled batch) follows --num_actors unless told otherwise.
-    config_fields = {field.name for field in dataclasses.fields(config)}
-    if "num_actors" in config_fields and "num_actors" not in overrides:
-        overrides["num_actors"] = settings["num_actors"]
-    config = dataclasses.replace(config, **overrides)
+    configs = {}
+    for role, (config, _) in loaded.items():
+        own = dict(overrides) if agents.get(role, _AGENT.value) == _AGENT.value else {}
+        # An agent whose config sizes things by the actor count (PPO: per-actor
+        # KL, the scaled batch) follows --num_actors unless told otherwise.
+        config_fields = {field.name for field in dataclasses.fields(config)}
+        if "num_actors" in config_fields and "num_actors" not in own:
+            own["num_actors"] = settings["num_actors"]
+        configs[role] = dataclasses.replace(config, **own)
+    config = configs if agents else configs[None]
     return config, experiment.ExperimentConfig(**settings)
+
+
+def make_builders(config: Any) -> Any:
+    """The builder of `make_configs`'s agent config; a dict role -> builder for a dict."""
+    if isinstance(config, dict):
+        env_id = _EXPERIMENT_FLAGS["env_id"].value
+        agents = role_agents(env_id, _ROLE_AGENTS.value, _AGENT.value)
+        return {role: presets.AGENTS[agents[role]].builder(c) for role, c in config.items()}
+    return presets.AGENTS[_AGENT.value].builder(config)
 
 
 def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
@@ -160,6 +223,9 @@ def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
       ValueError: naming the setting at fault.
     """
     exp_config.validate()
+    if isinstance(builder, dict):
+        role_program.check_run(builder, exp_config)
+        return
     spec = envs.env_spec(exp_config.env_id)
     builder.validate(exp_config.num_learner_devices or 1, spec)
     demonstrations.check_run(exp_config.demos, builder, spec, presets.agents_taking_demos())
@@ -218,6 +284,16 @@ def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
     return cache[key]
 
 
+def _roles_header(env_id: str, cache: dict) -> str:
+    """The `--list_envs` header of a task of several roles: its roles, and the agents
+    that can act for each (a role group each; --role_agents picks)."""
+    roles = [
+        f"{role} ({spec.agents_per_env}): {', '.join(_agents_that_act(spec, cache)) or 'no agent'}"
+        for role, spec in multiagent.role_specs(env_id).items()
+    ]
+    return f"discrete actions, a role group per role: {'; '.join(roles)}"
+
+
 def env_lines() -> list[str]:
     """envpool's task ids by family and action kind, each group under a line naming the
     agents that can act there."""
@@ -232,6 +308,9 @@ def env_lines() -> list[str]:
     ]
     for env_id, package in tasks:
         family = package.removeprefix("envpool.")
+        if multiagent.roles_of(env_id):
+            groups.setdefault((family, _roles_header(env_id, cache)), []).append(env_id)
+            continue
         try:
             spec = envs.env_spec(env_id)
             families.family(spec)
@@ -267,7 +346,7 @@ def main(argv: list[str]) -> None:
         return
     try:
         config, exp_config = make_configs()
-        builder = presets.AGENTS[_AGENT.value].builder(config)
+        builder = make_builders(config)
         check_configs(builder, exp_config)
     except ValueError as error:
         sys.exit(f"error: {error}")
@@ -281,10 +360,20 @@ def main(argv: list[str]) -> None:
         sys.exit(130)
     except checkpoint.CheckpointError as error:
         sys.exit(f"error: {error}")
+    if "roles" in summary:
+        returns = ", ".join(
+            f"{role} {figures['final_eval_return']:.1f}"
+            for role, figures in summary["roles"].items()
+        )
+        final = f"final greedy return per agent {returns} over {exp_config.eval_episodes} episodes"
+    else:
+        final = (
+            f"final greedy return {summary['final_eval_return']:.1f} "
+            f"over {summary['final_eval_episodes']} episodes"
+        )
     print(
         f"done: {summary['env_steps']:,} env steps, {summary['learner_steps']:,} updates in "
-        f"{summary['wall_time_s']:.1f}s; final greedy return {summary['final_eval_return']:.1f} "
-        f"over {summary['final_eval_episodes']} episodes; summary in {exp_config.logdir}",
+        f"{summary['wall_time_s']:.1f}s; {final}; summary in {exp_config.logdir}",
         flush=True,
     )
 

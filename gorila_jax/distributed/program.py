@@ -66,6 +66,21 @@ _BUILT_IN_RESOURCES = {
 }
 
 
+# Group names of a role's nodes in a program of role groups: "learner@adversary".
+ROLE_MARK = "@"
+
+
+def role_group(group: str, role: str | None) -> str:
+    """The name of `group` in role `role`'s part of a program; `group` itself without a role."""
+    return group if role is None else f"{group}{ROLE_MARK}{role}"
+
+
+def node_role(name: str) -> str | None:
+    """The role of node `name` ("learner@adversary/0" -> "adversary"); None for shared nodes."""
+    group = name.split("/", 1)[0]
+    return group.partition(ROLE_MARK)[2] or None
+
+
 @dataclasses.dataclass(frozen=True)
 class Handle:
     """A reference to a node, passed as an argument to other nodes."""

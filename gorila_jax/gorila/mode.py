@@ -90,6 +90,7 @@ def add_nodes(
     checkpoint_dir: str | None = None,
     restore_step: int | None = None,
     restored_counters: dict[str, dict[str, float]] | None = None,
+    role: str | None = None,
 ) -> list[program.Handle]:
     """The parameter-server and gradient-worker groups of an ExperimentConfig `cfg`.
 
@@ -97,12 +98,16 @@ def add_nodes(
       checkpoint_dir: where worker 0 saves Gorila checkpoints; None: none.
       restore_step: shards start from this checkpoint (a resume).
       restored_counters: each node's counters from that checkpoint.
+      role: the role these groups serve in a program of role groups
+        ("parameter_server@<role>", "gradient_worker@<role>"); None: the only ones.
 
     Returns:
       The shard handles: what actors and the evaluator read parameters from.
     """
     check_agent(builder, spec)
-    shards = _add_shards(graph, builder, cfg, spec, monitor_node, checkpoint_dir, restore_step)
+    shards = _add_shards(
+        graph, builder, cfg, spec, monitor_node, checkpoint_dir, restore_step, role
+    )
     _add_workers(
         graph,
         builder,
@@ -113,6 +118,7 @@ def add_nodes(
         monitor_node,
         checkpoint_dir,
         restored_counters or {},
+        role,
     )
     return shards
 
@@ -125,9 +131,11 @@ def _add_shards(
     monitor_node: program.Handle,
     checkpoint_dir: str | None,
     restore_step: int | None,
+    role: str | None,
 ) -> list[program.Handle]:
     """The parameter-server group: `cfg.num_ps_shards` shards, each holding one slice."""
-    with graph.group("parameter_server", program.Resources(cfg.ps_cpus)):
+    group = program.role_group("parameter_server", role)
+    with graph.group(group, program.Resources(cfg.ps_cpus)):
         shards = [
             graph.add_node(
                 shard_node.ParameterShardNode,
@@ -142,6 +150,7 @@ def _add_shards(
                 report_interval_s=cfg.heartbeat_interval_s,
                 checkpoint_dir=checkpoint_dir,
                 restore_step=restore_step,
+                group=group,
             )
             for index in range(cfg.num_ps_shards)
         ]
@@ -165,10 +174,12 @@ def _add_workers(
     monitor_node: program.Handle,
     checkpoint_dir: str | None,
     restored_counters: dict[str, dict[str, float]],
+    role: str | None,
 ) -> None:
     """The gradient-worker group: `cfg.num_learners` workers; worker 0 saves checkpoints."""
     resources = program.Resources(cfg.learner_cpus, cfg.learner_gpus)
-    with graph.group("gradient_worker", resources):
+    group = program.role_group("gradient_worker", role)
+    with graph.group(group, resources):
         for index in range(cfg.num_learners):
             worker = graph.add_node(
                 workers.GradientWorkerNode,
@@ -188,7 +199,8 @@ def _add_workers(
                 checkpoint_dir=checkpoint_dir if index == 0 else None,
                 checkpoint_interval_steps=cfg.checkpoint_interval_steps,
                 max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
-                restored_counters=restored_counters.get(f"gradient_worker/{index}"),
+                restored_counters=restored_counters.get(f"{group}/{index}"),
+                group=group,
             )
             # A replacement pulls the shards' parameters and continues its counters.
             graph.node(worker.name).restartable(monitor_lib.continue_counters)

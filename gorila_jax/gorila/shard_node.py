@@ -40,8 +40,10 @@ class ParameterShardNode(program.Worker):
         report_interval_s: float = 1.0,
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
+        group: str = "parameter_server",
     ):
         super().__init__()
+        self.name = f"{group}/{index}"  # a role's shards: "parameter_server@<role>/<index>"
         layout, flat = parameter_server.initial_layout(builder, spec, seed, num_shards)
         self._shard = parameter_server.ParameterShard(
             flat[layout.slices[index]], builder.shard_optimizer(), max_staleness, staleness_scaling
@@ -52,7 +54,7 @@ class ParameterShardNode(program.Worker):
             template = checkpoint_template(builder, spec, seed, num_shards)
             step, state = _restore(checkpoint_dir, restore_step, template)
             self._shard.restore(state["shards"][index])
-            logging.warning("parameter_server/%d: restored from checkpoint %d", index, step)
+            logging.warning("%s: restored from checkpoint %d", self.name, step)
         self._index, self._monitor = index, monitor
         self._report_interval_s = report_interval_s
         self._encoders: dict[str, compression.DeltaEncoder] = {}
@@ -136,7 +138,7 @@ class ParameterShardNode(program.Worker):
                 "shard_applied": counters["applied"],
                 "shard_pushes": counters["applied"] + counters["dropped_stale"],
             }
-            self._monitor.futures.report(f"parameter_server/{self._index}", heartbeat, metrics)
+            self._monitor.futures.report(self.name, heartbeat, metrics)
 
 
 def checkpoint_template(

@@ -71,7 +71,7 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
       shards: clients of all parameter-server shards, in shard order.
       monitor: the monitor node (or None when driven by hand).
       seed: root seed (the shards build the same initial parameters from it).
-      worker_index: this worker's index (monitor key "gradient_worker/<i>").
+      worker_index: this worker's index (monitor key "<group>/<i>").
       num_devices: local devices to pmap over; 0 takes them all.
       async_update: pull fresh parameters every this many pushed gradients.
       compression_scheme: one of compression.GRADIENT_SCHEMES.
@@ -105,6 +105,7 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         checkpoint_interval_steps: int = 0,
         max_checkpoints_to_keep: int = 2,
         restored_counters: dict[str, float] | None = None,
+        group: str = "gradient_worker",
     ):
         precision.use_tf32(tf32)
         if async_update < 1:
@@ -116,7 +117,7 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
             spec,
             replay_client,
             monitor,
-            f"gradient_worker/{worker_index}",
+            f"{group}/{worker_index}",
             devices,
             report_interval_s,
             checkpoint_dir,

@@ -29,9 +29,19 @@ class MonitorNode:
         there (a resumed run's first rows show the checkpoint's metrics until
         each node reports again). Counters of nodes that the resumed program
         lacks (fewer actors) stay in the totals.
+      roles: the roles of a program of role groups (docs/multiagent.md). The
+        snapshot then has each role's figures: the learner steps of the nodes
+        in its groups (`program.node_role`), its actors' env steps and episodes
+        (counters `env_steps@<role>`, `episodes@<role>`), its training and
+        evaluation returns; a role's nodes' metrics are kept as `<role>/<name>`.
     """
 
-    def __init__(self, return_window: int = 100, restored: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        return_window: int = 100,
+        restored: dict[str, Any] | None = None,
+        roles: tuple[str, ...] = (),
+    ):
         restored = restored or {}
         self._lock = threading.Lock()
         self._counters: dict[str, dict[str, float]] = dict(restored.get("node_counters", {}))
@@ -47,6 +57,12 @@ class MonitorNode:
         self._evals: list[dict[str, float]] = list(restored.get("evaluations", []))
         self._restarts: list[dict[str, Any]] = list(restored.get("restarts", []))
         self._retired: set[str] = set()  # removed nodes: their last counters stay in the totals
+        self._roles = tuple(roles)
+        restored_role_returns = restored.get("role_returns", {})
+        self._role_returns = {
+            role: collections.deque(restored_role_returns.get(role, []), maxlen=return_window)
+            for role in self._roles
+        }
 
     def report(
         self,
@@ -55,7 +71,13 @@ class MonitorNode:
         metrics: dict[str, float] | None = None,
         episode_returns: list[float] | None = None,
         pid: int | None = None,
+        role_returns: dict[str, list[float]] | None = None,
     ) -> None:
+        """Takes node `name`'s cumulative counters, its latest metrics, and the returns of
+        episodes it finished since its last report (by role for an actor of several roles)."""
+        role = program_lib.node_role(name)
+        if role is not None and metrics:
+            metrics = {f"{role}/{key}": value for key, value in metrics.items()}
         with self._lock:
             if name in self._retired:
                 return  # a late beat of a removed node must not move its final counters
@@ -67,6 +89,8 @@ class MonitorNode:
             self._last_seen[name] = time.monotonic()
             self._metrics.update(metrics or {})
             self._returns.extend(episode_returns or [])
+            for returns_role, returns in (role_returns or {}).items():
+                self._role_returns[returns_role].extend(returns)
 
     def node_status(self) -> dict[str, dict[str, Any]]:
         """Per reporting node: seconds since its last report, and its latest counters."""
@@ -108,28 +132,48 @@ class MonitorNode:
         with self._lock:
             return list(self._restarts)
 
-    def report_eval(self, returns: list[float], param_version: int) -> None:
-        """Records one greedy evaluation at the current env-step count."""
+    def report_eval(
+        self, returns: list[float], param_version: int, role: str | None = None
+    ) -> None:
+        """Records one greedy evaluation at the current env-step count (of `role`'s policy)."""
         with self._lock:
-            self._evals.append(
-                {
-                    "env_steps": self._total("env_steps"),
-                    "learner_steps": self._total("learner_steps"),
-                    "param_version": param_version,
-                    "eval_return": float(sum(returns) / len(returns)),
-                    "num_episodes": len(returns),
-                    "unix_time": time.time(),
-                }
-            )
+            record = {
+                "env_steps": self._total("env_steps"),
+                "learner_steps": self._total("learner_steps"),
+                "param_version": param_version,
+                "eval_return": float(sum(returns) / len(returns)),
+                "num_episodes": len(returns),
+                "unix_time": time.time(),
+            }
+            self._evals.append(record if role is None else {**record, "role": role})
 
-    def _total(self, counter: str) -> float:
-        return sum(c.get(counter, 0) for c in self._counters.values())
+    def _total(self, counter: str, role: str | None = None) -> float:
+        """`counter` summed over nodes (over the nodes of `role`'s groups only, with `role`)."""
+        return sum(
+            c.get(counter, 0)
+            for name, c in self._counters.items()
+            if role is None or program_lib.node_role(name) == role
+        )
+
+    def _role_figures(self) -> dict[str, dict[str, float]]:
+        figures = {}
+        for role in self._roles:
+            returns = self._role_returns[role]
+            evals = [e for e in self._evals if e.get("role") == role]
+            figures[role] = {
+                "env_steps": int(self._total(f"env_steps{program_lib.ROLE_MARK}{role}")),
+                "episodes": int(self._total(f"episodes{program_lib.ROLE_MARK}{role}")),
+                "learner_steps": int(self._total("learner_steps", role)),
+                "mean_return": sum(returns) / len(returns) if returns else math.nan,
+                "eval_return": evals[-1]["eval_return"] if evals else math.nan,
+            }
+        return figures
 
     def snapshot(self) -> dict[str, Any]:
         """Totals over nodes, the latest metrics and evaluation, seconds since each report."""
         now = time.monotonic()
         with self._lock:
-            last_eval = self._evals[-1] if self._evals else {}
+            last_eval = next((e for e in reversed(self._evals) if "role" not in e), {})
             return {
                 "env_steps": int(self._total("env_steps")),
                 "episodes": int(self._total("episodes")),
@@ -142,6 +186,7 @@ class MonitorNode:
                 "metrics": dict(self._metrics),
                 "since_report_s": {name: now - t for name, t in self._last_seen.items()},
                 "restarts": len(self._restarts),
+                "roles": self._role_figures(),
             }
 
     def evaluations(self) -> list[dict[str, float]]:
@@ -157,6 +202,7 @@ class MonitorNode:
                 "recent_returns": list(self._returns),
                 "evaluations": list(self._evals),
                 "restarts": list(self._restarts),
+                "role_returns": {role: list(r) for role, r in self._role_returns.items()},
             }
 
 

@@ -41,6 +41,7 @@ from gorila_jax.learning import checkpoint_files
 
 LEARNER_DIR = "learner"
 REPLAY_DIR = "replay"
+ROLES_DIR = "roles"  # <logdir>/roles/<role>: each role group's own config and checkpoints
 REPLAY_SHARD_PREFIX = "shard_"
 CONFIG_FILE = "config.json"
 
@@ -52,6 +53,12 @@ class CheckpointError(Exception):
 def checkpoint_root(logdir: str) -> str:
     """Absolute, so that nodes on Ray (whose working directory differs) write the same place."""
     return os.path.join(os.path.abspath(logdir), "checkpoints")
+
+
+def role_logdir(logdir: str, role: str | None) -> str:
+    """Where role `role` of a program of role groups keeps its config and checkpoints
+    (`<logdir>/roles/<role>`); `logdir` itself without a role."""
+    return logdir if role is None else os.path.join(logdir, ROLES_DIR, role)
 
 
 def learner_dir(logdir: str) -> str:

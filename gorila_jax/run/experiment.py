@@ -15,19 +15,19 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import console, envs, metrics, types
+from gorila_jax import console, envs, metrics, multiagent, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.federated import nodes as federated_nodes
-from gorila_jax.gorila import mode, parameter_server, shard_node
+from gorila_jax.gorila import mode, parameter_server
 from gorila_jax.health import balance
 from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import elastic
+from gorila_jax.run import elastic, role_program, wiring
 from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
 from gorila_jax.run.wiring import add_actor, make_program, remove_actor, set_sample_weights
 
@@ -59,6 +59,7 @@ def _row(snapshot: dict[str, Any], previous: dict[str, Any], elapsed: float) -> 
         "learner_steps_per_s": (snapshot["learner_steps"] - previous["learner_steps"]) / interval,
         **snapshot["metrics"],
         **mode.summarize(snapshot["metrics"]),
+        **role_program.row_fields(snapshot),
     }
 
 
@@ -154,7 +155,9 @@ def _drive(
                     )
                     row = {**_row(snapshot, previous, elapsed), **scaler.row_fields()}
                     logger.write(row)
-                    progress.row(row, mode.progress_suffix(row))
+                    roles = tuple(snapshot["roles"])
+                    suffix = mode.progress_suffix(row) + role_program.progress_suffix(row, roles)
+                    progress.row(row, suffix)
                     previous = row
     except KeyboardInterrupt:
         return "interrupted"
@@ -254,18 +257,39 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig, final_evaluation: bool =
         coordinator.stop()
         _wait_finished(running, coordinator)
     if cfg.learner_mode == "gorila":
-        # Worker 0 takes the final checkpoint, so the others stop first: a
-        # gradient they pushed after its snapshot would be lost on resume.
-        workers = [running.client(f"gradient_worker/{i}") for i in range(cfg.num_learners)]
-        stages = [workers[1:], workers[:1]]
+        # Worker 0 takes the final checkpoint (of each role's groups, in a program of
+        # role groups), so the others stop first: a gradient they pushed after its
+        # snapshot would be lost on resume.
+        groups = [group for group in running.program.groups if _base(group) == "gradient_worker"]
+        stages = [
+            [
+                running.client(f"{group}/{i}")
+                for group in groups
+                for i in range(1, cfg.num_learners)
+            ],
+            [running.client(f"{group}/0") for group in groups],
+        ]
     else:
-        # A multi-host learner's processes stop together (their stop votes agree).
-        stages = [[running.client(spec.name) for spec in running.program.groups["learner"]]]
+        # A multi-host learner's processes stop together (their stop votes agree); so do
+        # the learners of the roles of a program of role groups.
+        stages = [
+            [
+                running.client(spec.name)
+                for group, specs in running.program.groups.items()
+                if _base(group) == "learner"
+                for spec in specs
+            ]
+        ]
     for learners in stages:
         for node in learners:
             node.stop()
         for node in learners:
             _wait_finished(running, node)
+
+
+def _base(group: str) -> str:
+    """A group's kind, whatever role it serves: "learner@prey" -> "learner"."""
+    return group.partition(program_lib.ROLE_MARK)[0]
 
 
 def _final_params(
@@ -287,15 +311,6 @@ def _wait_finished(running: Any, node: program_lib.Client) -> None:
     while not node.wait_finished(1.0):
         running.check()  # a node that died instead of stopping raises here
     running.check()
-
-
-def _checkpoint_template(
-    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
-) -> Callable[[], Any]:
-    """What the run's checkpoints restore into: the shards' state (gorila) or the learner's."""
-    if cfg.learner_mode == "gorila":
-        return lambda: shard_node.checkpoint_template(builder, spec, cfg.seed, cfg.num_ps_shards)
-    return lambda: builder_lib.initial_train_state(builder, spec, cfg.seed)
 
 
 def _set_launcher_options(cfg: ExperimentConfig, launcher_options: dict[str, Any]) -> None:
@@ -345,7 +360,9 @@ def _write_curves(logdir: str) -> None:
 
 
 def run_experiment(
-    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, **launcher_options: Any
+    builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder],
+    cfg: ExperimentConfig,
+    **launcher_options: Any,
 ) -> dict[str, Any]:
     """Runs the program until a stop condition, evaluates, and writes summary.json.
 
@@ -353,17 +370,32 @@ def run_experiment(
     skip the final evaluations (the evaluator's last one and the driver's)
     and then raise KeyboardInterrupt.
 
+    On a multi-agent task with several roles, `builder` may be a dict role ->
+    builder (one agent per role; one builder: the same agent for every role);
+    the program is then one of role groups (`role_program`), and the summary's
+    `roles` has each role's final greedy return and training figures.
+
     Returns:
       The summary: counters, rates, final greedy evaluation, evaluation history.
     """
     cfg.validate()
-    spec = envs.env_spec(cfg.env_id)
-    builder.validate(cfg.num_learner_devices or 1, spec)
-    template = _checkpoint_template(builder, cfg, spec)
-    resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
-    program = make_program(builder, cfg, spec, resume)
+    roles = multiagent.roles_of(cfg.env_id)
+    resume = role_resume = None
+    if roles:
+        builders = builder if isinstance(builder, dict) else dict.fromkeys(roles, builder)
+        role_program.check_run(builders, cfg)
+        role_resume = role_program.prepare_logdir(builders, cfg)
+        program = role_program.make_program(builders, cfg, role_resume)
+        resume_meta = role_program.newest_meta(role_resume)
+    else:
+        spec = envs.env_spec(cfg.env_id)
+        builder.validate(cfg.num_learner_devices or 1, spec)
+        template = wiring.checkpoint_template(builder, cfg, spec)
+        resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
+        program = make_program(builder, cfg, spec, resume)
+        resume_meta = resume.meta if resume else {}
     _set_launcher_options(cfg, launcher_options)
-    resume_env_steps = checkpoint.total(resume.meta, "env_steps") if resume else None
+    resume_env_steps = checkpoint.total(resume_meta, "env_steps") if cfg.resume else None
     logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps)
     # A resumed run's clock goes on from the last row kept: wall time stays the x-axis.
     start = time.monotonic() - (logger.last_row or {"wall_time_s": 0.0})["wall_time_s"]
@@ -373,29 +405,55 @@ def run_experiment(
         launchers.launch(program, cfg.launcher, **launcher_options) as running,
         _sigterm_as_interrupt(),
     ):
-        reason = _drive(running, cfg, logger, start, _actor_scaler(running, builder, cfg, spec))
+        if roles:
+            scaler = _fixed_actors(running, cfg)
+        else:
+            scaler = _actor_scaler(running, builder, cfg, spec)
+        reason = _drive(running, cfg, logger, start, scaler)
         print(f"stopping: {reason}", flush=True)
         _stop_in_order(running, cfg, final_evaluation=reason != "interrupted")
-        params_version, params = _final_params(running, builder, cfg, spec)
+        if roles:
+            role_params = role_program.final_params(running, builders, cfg)
+        else:
+            params_version, params = _final_params(running, builder, cfg, spec)
         snapshot = running.client("monitor").snapshot()
         evaluations = running.client("monitor").evaluations()
         restarts = running.client("monitor").restarts()
     wall_time = time.monotonic() - start
     logger.close()
-    if cfg.saves_checkpoints:
-        where = checkpoint.checkpoint_root(cfg.logdir)
-        print(f"checkpoint: learner step {params_version:,} in {where}", flush=True)
+    if roles:
+        final = role_program.final_evaluation(builders, cfg, role_params, reason)
+        outcome = {
+            "params_version": {role: version for role, (version, _) in role_params.items()},
+            "final_eval_return": None,  # each role's is in "roles"
+            "final_eval_episodes": 0,
+            "roles": {role: {**snapshot["roles"][role], **final[role]} for role in roles},
+            "agent_config": {role: dataclasses.asdict(b.config) for role, b in builders.items()},
+        }
+    else:
+        if cfg.saves_checkpoints:
+            where = checkpoint.checkpoint_root(cfg.logdir)
+            print(f"checkpoint: learner step {params_version:,} in {where}", flush=True)
+        outcome = {
+            "params_version": params_version,
+            **_final_evaluation(builder, cfg, spec, params, reason),
+            "agent_config": dataclasses.asdict(builder.config),
+        }
     summary = {
         "env_id": cfg.env_id,
         "stop_reason": reason,
         **_totals(snapshot, wall_time),
-        "params_version": params_version,
-        **_final_evaluation(builder, cfg, spec, params, reason),
+        **outcome,
         "evaluations": evaluations,
         "restarts": restarts,
-        "resumed_from_learner_step": resume.step if resume else None,
+        "resumed_from_learner_step": (
+            {role: restored.step for role, restored in role_resume.items()}
+            if role_resume
+            else resume.step
+            if resume
+            else None
+        ),
         "experiment": dataclasses.asdict(cfg),
-        "agent_config": dataclasses.asdict(builder.config),
     }
     with open(os.path.join(cfg.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -404,3 +462,23 @@ def run_experiment(
         print("interrupted: final evaluation skipped; --resume continues the run", flush=True)
         raise KeyboardInterrupt
     return summary
+
+
+def _fixed_actors(running: Any, cfg: ExperimentConfig) -> elastic.ActorScaler:
+    """The scaler of a run whose actor count cannot change (a run of role groups): a
+    control file asking for another count is answered that it cannot."""
+
+    def cannot(*_: Any) -> None:
+        raise ValueError("a run of role groups cannot add or remove actors yet")
+
+    return elastic.ActorScaler(
+        cfg.logdir,
+        cannot,
+        cannot,
+        lambda: [node.name for node in running.active_nodes("actor")],
+        cfg.actor_count_floor,
+        cfg.max_actors,
+        cfg.elastic_policy,
+        None,
+        False,
+    )

@@ -9,7 +9,7 @@ import dataclasses
 import os
 from typing import Any
 
-from gorila_jax import config_checks, envs, replay
+from gorila_jax import config_checks, envs, multiagent, replay
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
 from gorila_jax.federated import privacy
@@ -505,23 +505,26 @@ class ExperimentConfig:
         )
 
     def _check_resume(self) -> None:
-        """`resume` needs checkpoints in logdir, of as many replay shards as this run has."""
+        """`resume` needs checkpoints in logdir (in each role's directory, for a task of
+        several roles), of as many replay shards as this run has."""
         if not self.resume:
             return
         if not self.checkpoint_interval_steps:
             raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
-        if not checkpoint.saved_steps(self.logdir):
-            raise ValueError(
-                f"resume: no checkpoint in {checkpoint.learner_dir(self.logdir)} "
-                "(is --logdir the one of the run to continue?)"
-            )
-        saved_shards = len(checkpoint.saved_replay_dirs(self.logdir))
-        if saved_shards != self.num_replay_shards:
-            raise ValueError(
-                f"resume: the checkpoints in {self.logdir} hold a replay of {saved_shards} "
-                f"shard(s), but num_replay_shards={self.num_replay_shards}; resume with "
-                f"num_replay_shards={saved_shards}"
-            )
+        roles = multiagent.roles_of(self.env_id) or (None,)
+        for logdir in (checkpoint.role_logdir(self.logdir, role) for role in roles):
+            if not checkpoint.saved_steps(logdir):
+                raise ValueError(
+                    f"resume: no checkpoint in {checkpoint.learner_dir(logdir)} "
+                    "(is --logdir the one of the run to continue?)"
+                )
+            saved_shards = len(checkpoint.saved_replay_dirs(logdir))
+            if saved_shards != self.num_replay_shards:
+                raise ValueError(
+                    f"resume: the checkpoints in {logdir} hold a replay of {saved_shards} "
+                    f"shard(s), but num_replay_shards={self.num_replay_shards}; resume with "
+                    f"num_replay_shards={saved_shards}"
+                )
 
     def _check_federated(self) -> None:
         """What a federated run cannot do yet, refused at once; its privacy budget."""

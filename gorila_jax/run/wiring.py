@@ -5,7 +5,7 @@ running one (elastic actors) with the same wiring.
 """
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import portpicker
 
@@ -14,7 +14,7 @@ from gorila_jax import demonstrations, replay, types
 from gorila_jax.acting import actor, evaluation, param_cache
 from gorila_jax.distributed import multihost
 from gorila_jax.distributed import program as program_lib
-from gorila_jax.gorila import mode
+from gorila_jax.gorila import mode, shard_node
 from gorila_jax.health import balance, monitor
 from gorila_jax.learning import checkpoint, learner, multihost_learner, sync_learner
 from gorila_jax.run.experiment_config import ExperimentConfig
@@ -42,13 +42,38 @@ def make_program(
     program = program_lib.Program("gorila")
     restore_step = resume.step if resume else None
     meta = resume.meta if resume else {}
-    replay_nodes = _add_replay_shards(program, builder, cfg, spec, restore_step)
+    replay_nodes = add_replay_shards(program, builder, cfg, spec, restore_step)
     with program.group("monitor", program_lib.Resources(num_cpus=0)):
         monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
     restored_counters = meta.get("node_counters", {})
-    checkpoint_dir = checkpoint.learner_dir(cfg.logdir) if cfg.saves_checkpoints else None
+    params_from = add_learning(
+        program, builder, cfg, spec, (replay_nodes, monitor_node), restore_step, restored_counters
+    )
+    nodes = (replay_nodes, params_from, monitor_node)
+    _add_actors_and_evaluator(program, builder, cfg, spec, nodes, restored_counters)
+    return program
+
+
+def add_learning(
+    program: program_lib.Program,
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    nodes: tuple[list[program_lib.Handle], program_lib.Handle],
+    restore_step: int | None,
+    restored_counters: dict[str, dict[str, float]],
+    role: str | None = None,
+) -> Any:
+    """What learns from the replay shards in `nodes` = (replay shards, monitor): the
+    learner group, or Gorila mode's workers and shards; returns what actors read
+    parameters from (the learner's chief, or the shards). With `role`, that role's
+    groups of a program of role groups, checkpointing under `checkpoint.role_logdir`."""
+    replay_nodes, monitor_node = nodes
+    checkpoint_dir = None
+    if cfg.saves_checkpoints:
+        checkpoint_dir = checkpoint.learner_dir(checkpoint.role_logdir(cfg.logdir, role))
     if cfg.learner_mode == "gorila":
-        params_from = mode.add_nodes(
+        return mode.add_nodes(
             program,
             builder,
             cfg,
@@ -58,14 +83,11 @@ def make_program(
             checkpoint_dir=checkpoint_dir,
             restore_step=restore_step,
             restored_counters=restored_counters,
+            role=role,
         )
-    else:
-        params_from = _add_learners(
-            program, builder, cfg, spec, replay_nodes, monitor_node, checkpoint_dir, restore_step
-        )
-    nodes = (replay_nodes, params_from, monitor_node)
-    _add_actors_and_evaluator(program, builder, cfg, spec, nodes, restored_counters)
-    return program
+    return _add_learners(
+        program, builder, cfg, spec, replay_nodes, monitor_node, checkpoint_dir, restore_step, role
+    )
 
 
 def _add_learners(
@@ -77,10 +99,14 @@ def _add_learners(
     monitor_node: program_lib.Handle,
     checkpoint_dir: str | None,
     restore_step: int | None,
+    role: str | None = None,
 ) -> program_lib.Handle:
     """The learner group: one process per learner host, joined by a rendezvous into one
-    `jax.distributed` job when more than one; returns the chief, which actors read from."""
-    per_process: list[dict[str, Any]] = [{}]
+    `jax.distributed` job when more than one; returns the chief, which actors read from.
+
+    With `role`, the group of that role of a program of role groups ("learner@<role>")."""
+    group = program_lib.role_group("learner", role)
+    per_process: list[dict[str, Any]] = [{"name": f"{group}/0"}]
     node_class: type = learner.LearnerNode
     if cfg.num_learner_hosts > 1:
         multihost_learner.check_agent(builder, cfg.num_learner_hosts)
@@ -89,7 +115,7 @@ def _add_learners(
             rendezvous = program.add_node(multihost.Rendezvous)
         job = dict(num_learner_hosts=cfg.num_learner_hosts, rendezvous=rendezvous)
         per_process = [dict(job, learner_process_id=i) for i in range(cfg.num_learner_hosts)]
-    with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
+    with program.group(group, program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
         handles = [
             program.add_node(
                 node_class,
@@ -240,7 +266,7 @@ def _add_param_caches(
         return caches
     with program.group(param_cache.GROUP, program_lib.Resources(cfg.param_cache_cpus)):
         for host in range(cfg.num_actor_hosts):
-            counters = _int_counters(restored_counters.get(f"{param_cache.GROUP}/{host}"))
+            counters = int_counters(restored_counters.get(f"{param_cache.GROUP}/{host}"))
             handle = program.add_node(
                 param_cache.ParameterCache,
                 params_from,
@@ -258,23 +284,26 @@ def _add_param_caches(
     return caches
 
 
-def _int_counters(counters: dict[str, float] | None) -> dict[str, int] | None:
+def int_counters(counters: dict[str, float] | None) -> dict[str, int] | None:
     """A node's counters from a checkpoint's meta (JSON numbers) as the node takes them."""
     return None if counters is None else {name: int(value) for name, value in counters.items()}
 
 
-def _add_replay_shards(
+def add_replay_shards(
     program: program_lib.Program,
     builder: builder_lib.AgentBuilder,
     cfg: ExperimentConfig,
     spec: types.EnvSpec,
     restore_step: int | None,
+    role: str | None = None,
 ) -> list[program_lib.Handle]:
     """The replay group: one Reverb node per shard (replay/0 .. replay/K-1), each
     restartable, with its own port and checkpoint directory.
 
     Returns the shards' handles in shard order. Actors and learners get the
     whole list: an actor writes to its assigned shard, learners sample them all.
+    With `role`, the group of that role ("replay@<role>"), checkpointing under
+    `checkpoint.role_logdir`.
     """
     num_shards = cfg.num_replay_shards
     make_tables = functools.partial(builder.replay_tables, spec)
@@ -293,14 +322,18 @@ def _add_replay_shards(
         if port not in ports:
             ports.append(port)
     handles = []
-    with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
+    with program.group(
+        program_lib.role_group("replay", role), program_lib.Resources(cfg.replay_cpus)
+    ):
         for shard, port in enumerate(ports):
             handle = program.add_node(
                 replay.ReplayNode,
                 first_tables if shard == 0 else make_tables,
                 port=port,
                 checkpoint_dir=(
-                    checkpoint.replay_dir(cfg.logdir, shard, num_shards)
+                    checkpoint.replay_dir(
+                        checkpoint.role_logdir(cfg.logdir, role), shard, num_shards
+                    )
                     if cfg.saves_checkpoints
                     else None
                 ),
@@ -314,6 +347,15 @@ def _add_replay_shards(
     for handle in handles:
         program.node(handle.name).restartable(restart)
     return handles
+
+
+def checkpoint_template(
+    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+) -> Callable[[], Any]:
+    """What the run's checkpoints restore into: the shards' state (gorila) or the learner's."""
+    if cfg.learner_mode == "gorila":
+        return lambda: shard_node.checkpoint_template(builder, spec, cfg.seed, cfg.num_ps_shards)
+    return lambda: builder_lib.initial_train_state(builder, spec, cfg.seed)
 
 
 def restart_replay(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
@@ -353,7 +395,7 @@ def add_actor(
     total never goes backwards).
     """
     index = len(running.program.groups["actor"])
-    restored = _int_counters(running.client("monitor").node_counters().get(f"actor/{index}"))
+    restored = int_counters(running.client("monitor").node_counters().get(f"actor/{index}"))
     args, kwargs = actor_arguments(builder, cfg, spec, index, actor_sources(running), restored)
     handle = running.add_node(
         "actor", actor.ActorNode, args, kwargs, restart_kwargs=monitor.continue_counters

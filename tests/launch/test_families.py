@@ -128,12 +128,12 @@ def test_auto_gives_each_agent_its_preset_for_the_family(agent, env_id, preset):
         ),
         ("sac", "Pong-v5", "mujoco", "agents that can: dqn, ppo, qrdqn"),
         (
-            "dqn",
+            "qrdqn",
             "mpe/simple_spread_v3",
             "auto",
-            "DQN cannot act in mpe/simple_spread_v3: it has shape (18,) float32 observations "
-            "and 5 discrete actions, 3 agents per copy sharing one policy; DQN has no preset "
-            "for the multiagent family; agents that can: ppo",
+            "QRDQN cannot act in mpe/simple_spread_v3: it has shape (18,) float32 observations "
+            "and 5 discrete actions, 3 agents per copy sharing one policy; QRDQN has no preset "
+            "for the multiagent family; agents that can: dqn, ppo",
         ),
     ],
 )

@@ -56,6 +56,21 @@ BAD_INPUTS = [
     ),
     (["--launcher=launchpad", "--elastic_interval_s=5"], "cannot do what elastic_interval_s"),
     (["--launchpad_launch_type=nope"], "--launchpad_launch_type"),
+    # Tasks of several roles (role groups, docs/multiagent.md).
+    (
+        ["--env=mpe/simple_tag_v3", "--agent=sac"],
+        "role adversary: SAC cannot act in mpe/simple_tag_v3",
+    ),
+    (
+        ["--env=mpe/simple_tag_v3", "--role_agents=predator=ppo"],
+        "--role_agents: 'predator=ppo' is not role=agent with a role of mpe/simple_tag_v3 "
+        "(adversary, agent)",
+    ),
+    (["--role_agents=agent=ppo"], "--role_agents is for multi-agent tasks with several roles"),
+    (
+        ["--env=mpe/simple_tag_v3", "--agent=ppo", "--learner_mode=gorila"],
+        "role adversary: learner_mode=gorila needs an agent whose update is one gradient",
+    ),
 ]
 
 
@@ -257,9 +272,10 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
         assert "no agent" in _header_of(env_groups, "FingerSpin-v1")  # envpool cannot describe it
     # dm_control's dict observations, flattened.
     assert _header_of(env_groups, "CheetahRun-v1") == "mujoco.dmc | continuous actions: ppo, sac"
-    assert _header_of(env_groups, "mpe/simple_spread_v3") == "mpe2 | discrete actions: ppo"
-    assert _header_of(env_groups, "mpe/simple_tag_v3").startswith(
-        "mpe2 | no agent: it has 2 roles: adversary (3), agent (1)"
+    assert _header_of(env_groups, "mpe/simple_spread_v3") == "mpe2 | discrete actions: dqn, ppo"
+    assert _header_of(env_groups, "mpe/simple_tag_v3") == (
+        "mpe2 | discrete actions, a role group per role: adversary (3): dqn, ppo; "
+        "agent (1): dqn, ppo, qrdqn"
     )
     listed = [env_id for ids in env_groups.values() for env_id in ids]
     assert sorted(listed) == sorted([*train.envpool.list_all_envs(), *multiagent.known_env_ids()])
