@@ -12,6 +12,7 @@ a restarted learner of one role resumes from that role's checkpoint while the
 other roles go on. docs/multiagent.md has the rest.
 """
 
+import dataclasses
 from typing import Any
 
 from gorila_jax import builder as builder_lib
@@ -44,6 +45,12 @@ def check_run(builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConf
         # change), and data balance is off: it weighs one replay's writers.
         "elastic_interval_s": bool(cfg.elastic_interval_s),
         "stop_at_eval_return": cfg.stop_at_eval_return is not None,
+        # Under `local` every role's learner pmaps in one process: two programs of
+        # cross-device collectives on the same devices at once can wait on each other
+        # for ever (seen with 4 CPU devices: both learners and the actor stood still).
+        "num_learner_devices above 1 with launcher=local": (
+            cfg.launcher == "local" and cfg.num_learner_devices > 1
+        ),
     }
     asked = [name for name, value in unsupported.items() if value]
     if asked:
@@ -107,6 +114,10 @@ def make_program(
     specs = multiagent.role_specs(cfg.env_id)
     meta = newest_meta(resume)
     restored_counters = meta.get("node_counters", {})
+    learning_cfg = cfg
+    if cfg.launcher == "local":
+        # One device each (not all of them, the default): see `check_run`.
+        learning_cfg = dataclasses.replace(cfg, num_learner_devices=1)
     program = program_lib.Program("roles")
     with program.group("monitor", program_lib.Resources(num_cpus=0)):
         monitor_node = program.add_node(monitor.MonitorNode, restored=meta, roles=tuple(builders))
@@ -118,7 +129,7 @@ def make_program(
         params_from = wiring.add_learning(
             program,
             builder,
-            cfg,
+            learning_cfg,
             spec,
             (replay_nodes, monitor_node),
             restore_step,

@@ -4,8 +4,11 @@ replay; metrics, evaluations, checkpoints and restarts are per role."""
 
 import csv
 import dataclasses
+import json
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -53,7 +56,6 @@ def _experiment(logdir, **overrides) -> experiment.ExperimentConfig:
         logdir=str(logdir),
         num_actors=1,
         num_envs_per_actor=8,
-        num_learner_devices=1,
         eval_episodes=4,
         eval_interval_s=1.0,
         log_interval_s=0.5,
@@ -80,6 +82,9 @@ def test_each_role_has_its_own_replay_and_learner_and_shares_actors_and_monitor(
         assert learner.args[0] is builders[role]
         assert learner.args[1] == multiagent.role_specs(TAG)[role]
         assert learner.restart_kwargs is not None
+        # One process (local) holds both learners: one device each, never a shared
+        # set of devices that both pmap over.
+        assert learner.kwargs["num_devices"] == 1
         assert (
             program.node(f"replay@{role}/0")
             .kwargs["checkpoint_dir"]
@@ -256,6 +261,7 @@ def test_a_killed_roles_learner_is_restarted_and_the_other_roles_learner_goes_on
             "learner_cpus": 0.25,
             "replay_cpus": 0.25,
             "checkpoint_interval_steps": 2,
+            "num_learner_devices": 1,
         },
     )
 
@@ -304,6 +310,7 @@ def test_role_runs_refuse_what_they_cannot_do_yet_naming_it(tmp_path):
         (dict(learner_mode="federated", num_clients=2, num_actors=2), "learner_mode=federated"),
         (dict(num_replay_shards=2, num_actors=2, demos="/nonexistent"), "demos"),
         (dict(stop_at_eval_return=10.0), "stop_at_eval_return"),
+        (dict(num_learner_devices=2), "num_learner_devices above 1 with launcher=local"),
     ]:
         with pytest.raises(ValueError, match=f"several roles.*does not support {expected}"):
             role_program.check_run(builders, _experiment(tmp_path, **setting))
@@ -331,3 +338,39 @@ def test_a_sweep_asked_for_a_role_its_task_lacks_is_refused_before_it_runs():
         sweep.declared_cpus(flags, role="prey")
     with pytest.raises(sweep.SweepError, match="--role=agent: .*CartPole-v1 has no such role"):
         sweep.declared_cpus(["--env=CartPole-v1"], role="agent")
+
+
+@pytest.mark.slow
+def test_the_cli_trains_roles_with_different_agents(tmp_path):
+    """`--role_agents`: DQN predators and PPO prey in one run, through launch.train."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.train",
+            f"--env={TAG}",
+            "--agent=ppo",
+            "--role_agents=adversary=dqn",
+            "--launcher=local",
+            "--num_actors=1",
+            "--total_env_steps=12000",
+            "--config.learning_rate=7e-4",  # --agent's (PPO's) field: the prey's only
+            f"--logdir={tmp_path}",
+        ],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "final greedy return per agent adversary" in result.stdout
+    with open(tmp_path / "summary.json") as f:
+        summary = json.load(f)
+    configs = summary["agent_config"]
+    assert "target_update_period" in configs["adversary"]  # DQN's
+    assert "clip_epsilon" in configs["agent"]  # PPO's
+    assert configs["agent"]["learning_rate"] == 7e-4
+    assert configs["adversary"]["learning_rate"] == 1e-3  # DQN's mpe preset's
+    for role in ("adversary", "agent"):
+        assert summary["roles"][role]["learner_steps"] > 0, summary["roles"]
