@@ -7,8 +7,6 @@ import dataclasses
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -21,6 +19,7 @@ from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment, role_program
 from launch import presets, sweep, sweep_runs
 from tests import fakes
+from tests.launch import test_train_cli
 from tests.gorila_jax.test_fault_nodes import (
     _RAY_SETTINGS,
     _START_UP_TIMEOUT_S,
@@ -343,25 +342,15 @@ def test_a_sweep_asked_for_a_role_its_task_lacks_is_refused_before_it_runs():
 @pytest.mark.slow
 def test_the_cli_trains_roles_with_different_agents(tmp_path):
     """`--role_agents`: DQN predators and PPO prey in one run, through launch.train."""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "launch.train",
-            f"--env={TAG}",
-            "--agent=ppo",
-            "--role_agents=adversary=dqn",
-            "--launcher=local",
-            "--num_actors=1",
-            "--total_env_steps=12000",
-            "--config.learning_rate=7e-4",  # --agent's (PPO's) field: the prey's only
-            f"--logdir={tmp_path}",
-        ],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    result = test_train_cli._train(
+        str(tmp_path),
+        f"--env={TAG}",
+        "--agent=ppo",
+        "--role_agents=adversary=dqn",
+        "--launcher=local",
+        "--num_actors=1",
+        "--total_env_steps=12000",
+        "--config.learning_rate=7e-4",  # --agent's (PPO's) field: the prey's only
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "final greedy return per agent adversary" in result.stdout
