@@ -228,9 +228,15 @@ def row_fields(snapshot: dict[str, Any]) -> dict[str, float]:
 
 
 def progress_suffix(row: dict[str, Any], roles: tuple[str, ...]) -> str:
-    """The progress line's role part: each role's training and evaluation return, updates."""
-    return "".join(
-        f" | {role}: return {row[f'{role}/mean_return']:.2f} eval "
-        f"{row[f'{role}/eval_return']:.2f} updates {row[f'{role}/learner_steps']:,d}"
-        for role in roles
-    )
+    """The progress line's role part: each role's training and evaluation return, updates,
+    and in Gorila mode the gradients its shards applied."""
+    parts = []
+    for role in roles:
+        part = (
+            f" | {role}: return {row[f'{role}/mean_return']:.2f} eval "
+            f"{row[f'{role}/eval_return']:.2f} updates {row[f'{role}/learner_steps']:,d}"
+        )
+        if f"{role}/gradients_applied" in row:
+            part += f" applied {row[f'{role}/gradients_applied']:,.0f}"
+        parts.append(part)
+    return "".join(parts)

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from agents import dqn, ppo
-from gorila_jax import curves, multiagent
+from gorila_jax import curves, metrics, multiagent
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import shard_node
 from gorila_jax.health import monitor as monitor_lib
@@ -133,6 +133,10 @@ def test_a_gorila_run_of_two_roles_applies_each_roles_gradients_on_its_own_shard
     summary = experiment.run_experiment(builders, cfg)
     with open(tmp_path / "metrics.csv") as f:
         last = list(csv.DictReader(f))[-1]
+    # The progress line has each role's shard updates too.
+    rows, _ = metrics.read_csv(str(tmp_path / "metrics.csv"), float("inf"))
+    line = role_program.progress_suffix(rows[-1], ("adversary", "agent"))
+    assert line.count(" applied ") == 2, line
     for role, spec in multiagent.role_specs(TAG).items():
         assert float(last[f"{role}/gradients_applied"]) > 0, last
         for shard in (0, 1):
