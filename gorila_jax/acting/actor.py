@@ -31,6 +31,20 @@ def step_keys(key: jax.Array) -> Iterator[np.ndarray]:
         yield from np.asarray(jax.random.split(jax.random.fold_in(key, block), KEY_BLOCK))
 
 
+def actor_seeds(seed: int, actor_index: int, env_steps: int) -> tuple[int, jax.Array]:
+    """(env seed, policy key) of actor `actor_index` that has acted `env_steps` before.
+
+    Keys fold in the index, so adding actors never changes the streams of existing
+    ones; a resumed actor (env_steps > 0) must not replay its predecessor's
+    episodes, nor its actions, so they fold in its env steps too.
+    """
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
+    if env_steps:
+        key = jax.random.fold_in(key, env_steps)
+    env_key, policy_key = jax.random.split(key)
+    return int(jax.random.randint(env_key, (), 0, 2**31 - 1)), policy_key
+
+
 class EpisodeTracker:
     """Running returns and lengths of E envs; collects those of finished episodes."""
 
@@ -144,15 +158,9 @@ class ActorNode(program.Worker):
         self._rows = num_envs * spec.agents_per_env  # the batch the policy and adder see
         self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps
         self._env_threads = env_threads
-        # fold_in by index: adding actors never changes the streams of existing ones.
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
         restored_counters = restored_counters or {}
         self.env_steps = int(restored_counters.get("env_steps", 0))
-        if self.env_steps:
-            # A resumed actor must not replay its predecessor's episodes, nor its actions.
-            key = jax.random.fold_in(key, self.env_steps)
-        env_key, self._policy_key = jax.random.split(key)
-        self._env_seed = int(jax.random.randint(env_key, (), 0, 2**31 - 1))
+        self._env_seed, self._policy_key = actor_seeds(seed, actor_index, self.env_steps)
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
         if isinstance(replay_client, (list, tuple)):
             replay_client = replay_client[replay.assigned_shard(actor_index, len(replay_client))]

@@ -93,11 +93,8 @@ class RoleActorNode(program.Worker):
         self.num_envs, self._pull_interval = num_envs, param_pull_interval
         self._monitor, self._report_interval_s = monitor, report_interval_s
         self.restored = dict(restored_counters or {})
-        key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + actor_index)
-        if self.restored.get("env_steps"):
-            key = jax.random.fold_in(key, int(self.restored["env_steps"]))
-        env_key, policy_key = jax.random.split(key)
-        self._env_seed = int(jax.random.randint(env_key, (), 0, 2**31 - 1))
+        env_steps = int(self.restored.get("env_steps", 0))
+        self._env_seed, policy_key = actor.actor_seeds(seed, actor_index, env_steps)
         self._wiring = roles
         self._roles = {
             role: _RoleActing(role, wiring, self, jax.random.fold_in(policy_key, i))
