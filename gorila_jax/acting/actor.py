@@ -3,7 +3,6 @@
 import concurrent.futures
 import itertools
 import logging
-import threading
 import time
 from typing import Any, Iterator
 
@@ -168,7 +167,6 @@ class ActorNode(program.Worker):
         self._replay_address = replay_client.address()
         self.param_version = -1
         self.episodes = EpisodeTracker(self._rows, int(restored_counters.get("episodes", 0)))
-        self._finished = threading.Event()
 
     def run(self) -> None:
         # Beats from its own thread: a hung env shows as a stall, not a death.
@@ -249,10 +247,6 @@ class ActorNode(program.Worker):
                 last_report = time.monotonic()
         if unwritten is not None and not self.stopping:
             adder.add(unwritten)
-
-    def wait_finished(self, timeout: float) -> bool:
-        """Blocks until `run` has returned and its last counters reached the monitor, or timeout."""
-        return self._finished.wait(timeout)
 
     def _budget_spent(self) -> bool:
         return 0 < self._max_env_steps <= self.env_steps

@@ -1,6 +1,5 @@
 """Greedy evaluation: full episodes with the evaluation policy, and the evaluator node."""
 
-import threading
 from typing import Any
 
 import jax
@@ -50,7 +49,22 @@ def evaluate(
         env.close()
 
 
-class EvaluatorNode(program.Worker):
+class EvaluatingWorker(program.Worker):
+    """An evaluator's stop: `stop(final_evaluation=True)` asks `run` to evaluate the
+    newest parameters once more before it returns (`_final_evaluation`)."""
+
+    def __init__(self):
+        super().__init__()
+        self._final_evaluation = False
+
+    def stop(self, final_evaluation: bool = False) -> None:
+        """Asks `run` to return; with `final_evaluation`, after evaluating the newest parameters."""
+        if final_evaluation:  # a later plain stop (the launcher's) does not cancel it
+            self._final_evaluation = True
+        super().stop()
+
+
+class EvaluatorNode(EvaluatingWorker):
     """Evaluates the learner's newest parameters every `interval_s`, and once at the run's end.
 
     Each evaluation plays `num_episodes` greedy episodes and reports their
@@ -79,18 +93,6 @@ class EvaluatorNode(program.Worker):
         self._learner = parameter_server.parameter_source(learner, builder, spec, seed, "evaluator")
         self._monitor = monitor
         self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
-        self._final_evaluation = False
-        self._finished = threading.Event()
-
-    def stop(self, final_evaluation: bool = False) -> None:
-        """Asks `run` to return; with `final_evaluation`, after evaluating the newest parameters."""
-        if final_evaluation:  # a later plain stop (the launcher's) does not cancel it
-            self._final_evaluation = True
-        super().stop()
-
-    def wait_finished(self, timeout: float) -> bool:
-        """Blocks until `run` has returned (its evaluations reported), or timeout."""
-        return self._finished.wait(timeout)
 
     def run(self) -> None:
         env = envs.make_env(

@@ -8,7 +8,6 @@ greedy episodes of every role's policy together and reports each role's return.
 """
 
 import logging
-import threading
 import time
 from typing import Any, NamedTuple
 
@@ -17,7 +16,7 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import multiagent, replay, types
-from gorila_jax.acting import actor
+from gorila_jax.acting import actor, evaluation
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 from gorila_jax.health import monitor as monitor_lib
@@ -106,7 +105,6 @@ class RoleActorNode(program.Worker):
             )
             for role, wiring in roles.items()
         }
-        self._finished = threading.Event()
 
     def run(self) -> None:
         heartbeat = monitor_lib.Heartbeat(
@@ -179,10 +177,6 @@ class RoleActorNode(program.Worker):
             if time.monotonic() - last_report >= self._report_interval_s:
                 self._report(blocking=False)
                 last_report = time.monotonic()
-
-    def wait_finished(self, timeout: float) -> bool:
-        """Blocks until `run` has returned and its last counters reached the monitor, or timeout."""
-        return self._finished.wait(timeout)
 
     def counters(self) -> dict[str, int]:
         """Env steps and episodes in all and per role, and each role's parameter version."""
@@ -261,7 +255,7 @@ def evaluate_roles(
         env.close()
 
 
-class RoleEvaluatorNode(program.Worker):
+class RoleEvaluatorNode(evaluation.EvaluatingWorker):
     """`evaluation.EvaluatorNode` for a task of several roles: every `interval_s`, greedy
     episodes of all roles' newest parameters together, each role's return reported.
 
@@ -289,16 +283,6 @@ class RoleEvaluatorNode(program.Worker):
         }
         self._monitor = monitor
         self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
-        self._final_evaluation = False
-        self._finished = threading.Event()
-
-    def stop(self, final_evaluation: bool = False) -> None:
-        if final_evaluation:
-            self._final_evaluation = True
-        super().stop()
-
-    def wait_finished(self, timeout: float) -> bool:
-        return self._finished.wait(timeout)
 
     def run(self) -> None:
         specs = multiagent.role_specs(self.env_id)

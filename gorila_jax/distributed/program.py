@@ -253,13 +253,20 @@ class Client:
 
 
 class Worker:
-    """Base for nodes with a `run` loop: gives them a stop signal the launcher sets."""
+    """Base for nodes with a `run` loop: gives them a stop signal the launcher sets,
+    and `wait_finished` for the driver, which `run` releases by setting `_finished`
+    last, in its `finally` (after its final report or checkpoint)."""
 
     def __init__(self):
         self._stop_event = threading.Event()
+        self._finished = threading.Event()
 
     def stop(self) -> None:
         self._stop_event.set()
+
+    def wait_finished(self, timeout: float) -> bool:
+        """Blocks until `run` has returned (its last report sent), or timeout."""
+        return self._finished.wait(timeout)
 
     @property
     def stopping(self) -> bool:

@@ -160,7 +160,6 @@ class CoordinatorNode(program.Worker):
         self._epsilon = 0.0
         self._bytes_received = 0
         self._redone = 0
-        self._finished = threading.Event()
 
     @property
     def name(self) -> str:
@@ -188,9 +187,6 @@ class CoordinatorNode(program.Worker):
             self._report()
         finally:
             self._finished.set()
-
-    def wait_finished(self, timeout: float) -> bool:
-        return self._finished.wait(timeout)
 
     def _sync_all(self) -> None:
         for index in range(len(self._clients)):

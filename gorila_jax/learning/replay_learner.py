@@ -77,7 +77,6 @@ class ReplayLearnerNode(program.Worker):
         # its sampling threads still talk to a replay about to stop.
         self._sampling_lock = threading.Lock()
         self._sampling_closed = False  # set by `close`: no step starts sampling again
-        self._finished = threading.Event()
         self._run_error: BaseException | None = None
 
     # ------------------------------------------------------------ what a subclass gives
@@ -217,7 +216,7 @@ class ReplayLearnerNode(program.Worker):
         Raises:
           RuntimeError: if `run` failed (the final checkpoint, for example).
         """
-        finished = self._finished.wait(timeout)
+        finished = super().wait_finished(timeout)
         if self._run_error is not None:
             raise RuntimeError(f"{self._name} failed: {self._run_error!r}") from self._run_error
         return finished
