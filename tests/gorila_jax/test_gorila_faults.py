@@ -15,6 +15,7 @@ from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
 from tests.gorila_jax.test_fault_nodes import (
     _RAY_SETTINGS,
+    _START_UP_TIMEOUT_S,
     _node_status,
     _replay_restored_from,
     _run_with,
@@ -53,7 +54,7 @@ def test_kill_9_of_a_gradient_worker_a_shard_and_the_replay_restarts_each_and_up
                 _counter(tmp_path, worker, "applied") > 20
                 and len(checkpoint.saved_steps(tmp_path)) > 0
             ),
-            timeout_s=240,
+            timeout_s=_START_UP_TIMEOUT_S,
         )
         worker_pid = _pid(tmp_path, worker)
         applied_at_kill = _counter(tmp_path, worker, "applied")
