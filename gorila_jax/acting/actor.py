@@ -161,8 +161,7 @@ class ActorNode(program.Worker):
         self.env_steps = int(restored_counters.get("env_steps", 0))
         self._env_seed, self._policy_key = actor_seeds(seed, actor_index, self.env_steps)
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
-        if isinstance(replay_client, (list, tuple)):
-            replay_client = replay_client[replay.assigned_shard(actor_index, len(replay_client))]
+        replay_client = replay.actor_shard(replay_client, actor_index)
         self._replay_node = replay_client
         self._replay_address = replay_client.address()
         self.param_version = -1

@@ -114,10 +114,8 @@ class RoleActorNode(program.Worker):
         try:
             env = multiagent.MultiAgentVectorEnv(self.env_id, self.num_envs, self._env_seed)
             for role, acting in self._roles.items():
-                shards = self._wiring[role].replay
-                if isinstance(shards, (list, tuple)):
-                    shards = shards[replay.assigned_shard(self.actor_index, len(shards))]
-                client = replay.ReplayClient(shards, shards.address())
+                shard = replay.actor_shard(self._wiring[role].replay, self.actor_index)
+                client = replay.ReplayClient(shard, shard.address())
                 acting.adder = acting.builder.make_adder(
                     client, acting.spec, acting.rows, self._stop_event
                 )

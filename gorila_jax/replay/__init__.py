@@ -38,7 +38,13 @@ from gorila_jax.replay.server import (
     check_checkpoint,
     newest_intact_checkpoint,
 )
-from gorila_jax.replay.sharded import ReplayShards, ShardedSampler, assigned_shard, shard_tables
+from gorila_jax.replay.sharded import (
+    ReplayShards,
+    ShardedSampler,
+    actor_shard,
+    assigned_shard,
+    shard_tables,
+)
 from gorila_jax.replay.tiers import COLD_CHECKPOINT, TierMetrics, Tiering, spill_table
 from gorila_jax.replay.tables import prioritized_table, queue_table, rate_limiter, uniform_table
 from gorila_jax.replay.writers import (
@@ -84,6 +90,7 @@ __all__ = [
     "Tiering",
     "TrajectoryAdder",
     "TransitionWriter",
+    "actor_shard",
     "assigned_shard",
     "batches",
     "check_checkpoint",

@@ -33,6 +33,14 @@ def assigned_shard(actor_index: int, num_shards: int) -> int:
     return actor_index % num_shards
 
 
+def actor_shard(replay_nodes: Any, actor_index: int) -> Any:
+    """The replay node actor `actor_index` writes to: `replay_nodes` itself, or of a
+    list of shards the one `assigned_shard` names."""
+    if isinstance(replay_nodes, (list, tuple)):
+        return replay_nodes[assigned_shard(actor_index, len(replay_nodes))]
+    return replay_nodes
+
+
 def shard_tables(
     make_tables: Callable[[], Sequence[reverb.Table]], num_shards: int
 ) -> list[reverb.Table]:

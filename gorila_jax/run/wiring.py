@@ -177,8 +177,7 @@ def _add_actors_and_evaluator(
             handle = program.add_node(actor.ActorNode, *args, **kwargs)
             if len(replay_nodes) > 1 and not caches:
                 # Placed beside the shard it writes to (a cache's actors go with the cache).
-                shard = replay.assigned_shard(index, len(replay_nodes))
-                program.node(handle.name).near = replay_nodes[shard].name
+                program.node(handle.name).near = replay.actor_shard(replay_nodes, index).name
             # A replacement acts with the same index (seed offset) and config,
             # and continues the counters (and exploration schedule) it reported last.
             program.node(handle.name).restartable(monitor.continue_counters)
