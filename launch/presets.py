@@ -115,6 +115,16 @@ def auto_preset(agent: str, spec: types.EnvSpec) -> str:
     return AUTO_PRESETS[family][agent]
 
 
+def schedules_over(config: dqn.DQNConfig, env_steps: int) -> dqn.DQNConfig:
+    """`config` with its learning-rate cosine and importance-exponent anneal ending after
+    `env_steps` env steps: env_steps x samples_per_insert / batch_size updates. A run
+    of that budget then ends on small, stable updates."""
+    updates = int(env_steps * config.samples_per_insert / config.batch_size)
+    return dataclasses.replace(
+        config, learning_rate_decay_steps=updates, importance_exponent_anneal_steps=updates
+    )
+
+
 def _cartpole() -> tuple[dqn.DQNConfig, dict[str, Any]]:
     # Solves CartPole-v1 and holds it to the end of the 120k-env-step budget
     # (final greedy return 500 for every seed measured, sync and Gorila:
@@ -149,7 +159,6 @@ def _cartpole() -> tuple[dqn.DQNConfig, dict[str, Any]]:
         layer_norm=True,
         discount=0.995,
         learning_rate=1e-3,
-        learning_rate_decay_steps=15_000,
         learning_rate_final_fraction=0.0,
         adam_eps=1e-8,
         batch_size=64,
@@ -157,11 +166,10 @@ def _cartpole() -> tuple[dqn.DQNConfig, dict[str, Any]]:
         samples_per_insert=8.0,
         min_replay_size=1_000,
         max_replay_size=120_000,
-        importance_exponent_anneal_steps=15_000,
         epsilon_end=0.01,
         epsilon_decay_steps=8_000,
     )
-    return config, {"total_env_steps": 120_000, "num_envs_per_actor": 8}
+    return schedules_over(config, 120_000), {"total_env_steps": 120_000, "num_envs_per_actor": 8}
 
 
 def _mpe() -> tuple[dqn.DQNConfig, dict[str, Any]]:
@@ -175,13 +183,7 @@ def _mpe() -> tuple[dqn.DQNConfig, dict[str, Any]]:
     #   An MPE episode is 25 steps and its rewards are distances now: a long horizon
     #   only adds noise to the targets.
     config, settings = _cartpole()
-    updates = 37_500  # 300k agent steps x 8 samples per insert / 64 per batch
-    config = dataclasses.replace(
-        config,
-        discount=0.95,
-        learning_rate_decay_steps=updates,
-        importance_exponent_anneal_steps=updates,
-    )
+    config = schedules_over(dataclasses.replace(config, discount=0.95), 300_000)
     return config, {**settings, "total_env_steps": 300_000}
 
 

@@ -137,11 +137,7 @@ def _gorila_preset_over_the_test_budget(name: str):
     53k env steps and ended at 244.5: the test judged a run still taking large steps.
     """
     config, settings = presets.dqn_gorila_preset(name)
-    updates = int(GORILA_TEST_ENV_STEPS * config.samples_per_insert / config.batch_size)
-    config = dataclasses.replace(
-        config, learning_rate_decay_steps=updates, importance_exponent_anneal_steps=updates
-    )
-    return config, settings
+    return presets.schedules_over(config, GORILA_TEST_ENV_STEPS), settings
 
 
 def _gorila_cartpole(tmp_path, preset=presets.dqn_gorila_preset, **overrides):
