@@ -19,8 +19,6 @@ Order of precedence for every setting: explicit flag > preset > default.
 import argparse
 import dataclasses
 import difflib
-import importlib.util
-import os
 import sys
 import textwrap
 import typing
@@ -28,7 +26,6 @@ from typing import Any
 
 import envpool
 import envpool.registration
-import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -64,16 +61,6 @@ _VERBOSE = flags.DEFINE_bool(
     False,
     "Show other libraries' log lines (Reverb, XLA, TensorFlow, Ray) on the console instead "
     f"of in <logdir>/{console.THIRD_PARTY_LOG}.",
-)
-_COMPILATION_CACHE_DIR = flags.DEFINE_string(
-    "compilation_cache_dir",
-    os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "gorila_jax", "xla"
-    ),
-    "JAX's persistent compilation cache, shared by every process of the run and by later runs: "
-    "what an earlier run of the same code and versions compiled is loaded, not compiled "
-    '(docs/benchmarks.md, "Start-up"). Empty: off.',
 )
 _LIST_PRESETS = flags.DEFINE_bool(
     "list_presets", False, "Print every --preset of every agent, one line each, and exit."
@@ -348,50 +335,6 @@ def env_lines() -> list[str]:
     return lines
 
 
-# The cache's bound; the least recently used entries go first. A DQN CartPole-v1 run
-# writes about 150 entries, under 1 MB; an Atari learner's are a few MB each.
-COMPILATION_CACHE_MAX_BYTES = 1 << 30
-
-
-def enable_compilation_cache(path: str) -> bool:
-    """Turns on JAX's persistent compilation cache at `path` for this process and those it
-    starts (Ray and Launchpad nodes inherit the environment); "" leaves it off.
-
-    Must run before this process compiles anything: JAX decides once, at the first
-    compile, whether a cache is used. Every compile is cached (no minimum compile time):
-    a run's many small ones (policies, the evaluator's, eager start-up ops) add up to
-    about as much start-up as the learner's update. With a size bound JAX locks the
-    cache (with `filelock`) for each read and write, so runs sharing it never read or
-    leave a half-written entry; where `filelock` is missing (the Launchpad set: its
-    Python 3.10 predates the pinned filelock) the cache stays off.
-
-    Returns:
-      Whether the cache is on.
-
-    Raises:
-      ValueError: `path` cannot be created or written.
-    """
-    if not path:
-        return False
-    try:
-        os.makedirs(path, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"--compilation_cache_dir={path}: {error.strerror}") from error
-    if not os.access(path, os.W_OK):
-        raise ValueError(f"--compilation_cache_dir={path}: not writable")
-    if importlib.util.find_spec("filelock") is None:
-        return False
-    settings = {
-        "jax_compilation_cache_dir": path,
-        "jax_persistent_cache_min_compile_time_secs": 0.0,
-        "jax_compilation_cache_max_size": COMPILATION_CACHE_MAX_BYTES,
-    }
-    for name, value in settings.items():
-        jax.config.update(name, value)
-        os.environ[name.upper()] = str(value)
-    return True
-
-
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}")
@@ -402,7 +345,6 @@ def main(argv: list[str]) -> None:
         print("\n".join(lines), flush=True)
         return
     try:
-        enable_compilation_cache(_COMPILATION_CACHE_DIR.value)
         config, exp_config = make_configs()
         builder = make_builders(config)
         check_configs(builder, exp_config)

@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import dataclasses
-import importlib.util
 import os
 import re
 import subprocess
@@ -57,7 +56,6 @@ BAD_INPUTS = [
     ),
     (["--launcher=launchpad", "--elastic_interval_s=5"], "cannot do what elastic_interval_s"),
     (["--launchpad_launch_type=nope"], "--launchpad_launch_type"),
-    (["--compilation_cache_dir=/dev/null/xla"], "--compilation_cache_dir=/dev/null/xla: Not a"),
     # Tasks of several roles (role groups, docs/multiagent.md).
     (
         ["--env=mpe/simple_tag_v3", "--agent=sac"],
@@ -281,41 +279,6 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
     )
     listed = [env_id for ids in env_groups.values() for env_id in ids]
     assert sorted(listed) == sorted([*train.envpool.list_all_envs(), *multiagent.known_env_ids()])
-
-
-def _cache_entries(cache_dir) -> dict[str, bytes]:
-    """JAX's compilation cache entries by name, each with its last-read stamp."""
-    return {
-        name.removesuffix("-cache"): (cache_dir / name.replace("-cache", "-atime")).read_bytes()
-        for name in os.listdir(cache_dir)
-        if name.endswith("-cache")
-    }
-
-
-def test_a_second_run_loads_what_the_first_compiled_from_the_cache(tmp_path):
-    cache_dir = tmp_path / "xla"
-    if importlib.util.find_spec("filelock") is None:  # as `train.enable_compilation_cache`
-        pytest.skip("no filelock (the Launchpad set): the cache stays off there")
-    flags = (
-        "--launcher=local",
-        "--total_env_steps=3000",
-        "--eval_interval_s=0",
-        f"--compilation_cache_dir={cache_dir}",
-    )
-    first = _train(str(tmp_path / "first"), *flags)
-    assert first.returncode == 0, first.stderr[-2000:]
-    written = _cache_entries(cache_dir)
-    # the learner's update, the policies, and the eager start-up ops of every node
-    assert len(written) >= 20, sorted(written)
-    second = _train(str(tmp_path / "second"), *flags)
-    assert second.returncode == 0, second.stderr[-2000:]
-    read = _cache_entries(cache_dir)
-    loaded = [name for name in written if read[name] != written[name]]
-    updates = [name for name in written if name.startswith("pmap_multi_step")]
-    assert updates and set(updates) <= set(loaded), "the learner's update was compiled again"
-    # Which policy variants a run compiles depends on when its actors first see new
-    # parameters; everything else is the same in every run.
-    assert len(loaded) >= 0.9 * len(written), sorted(set(written) - set(loaded))
 
 
 def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
