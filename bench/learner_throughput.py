@@ -4,7 +4,10 @@ Measures, each alone and in this run, at each batch size:
   (a) the bare pmapped update on a batch already in device memory;
   (b) Reverb dataset sampling of batches of that size, with prefetch;
 then (c) learner-node updates per second fed from a filled Reverb table,
-priority updates on. Prints all and ratio = c / min(a, b). Last line: JSON,
+priority updates on. All three count updates: with the preset's
+`updates_per_dispatch` K, (a) and (c) run K updates per device call and (b)
+samples K batches' rows at once, as the node does. Prints all and
+ratio = c / min(a, b). Last line: JSON,
 the figures of one batch size at the top level; with several sizes, a
 "results" list of those, one per size.
 
@@ -73,12 +76,16 @@ def _rate(fn, seconds: float, drain=lambda: None) -> float:
 
 
 def bare_update(builder, spec, batch_size: int, seconds: float) -> float:
+    """Updates per second of the guarded step the learner node runs, on one batch kept on
+    the device: `updates_per_dispatch` updates per call, as the node's."""
     devices = jax.local_devices()
-    step = parallel.pmap_step(step_lib.make_step(builder, spec), devices, step_lib.OUT_AXES)
-    data = _random_transitions(spec, batch_size, seed=1)
-    sampled = builder_lib.SampledBatch(
-        data, np.full(batch_size, 1.0 / batch_size), np.full(batch_size, batch_size)
+    updates = builder.updates_per_dispatch
+    step = parallel.pmap_step(
+        step_lib.make_step(builder, spec, updates=updates), devices, step_lib.OUT_AXES
     )
+    rows = batch_size * updates
+    data = _random_transitions(spec, rows, seed=1)
+    sampled = builder_lib.SampledBatch(data, np.full(rows, 1.0 / rows), np.full(rows, rows))
     batch = parallel.shard_to_devices(sampled, devices)
     state = [parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), spec), devices)]
     guard = [parallel.replicate(step_lib.init_guard(), devices)]
@@ -87,7 +94,7 @@ def bare_update(builder, spec, batch_size: int, seconds: float) -> float:
         state[0], guard[0], info, _ = step(state[0], guard[0], batch)
         jax.block_until_ready(info.metrics)
 
-    return _rate(one_update, seconds)
+    return _rate(one_update, seconds) * updates
 
 
 def _batch_sizes(values: list[str]) -> list[int]:
@@ -103,11 +110,12 @@ def _batch_sizes(values: list[str]) -> list[int]:
 def measure(config, spec, address: str, seconds: float) -> dict:
     """(a), (b) and (c) at `config.batch_size`, from the table at `address`."""
     builder = dqn.DQNBuilder(config)
+    updates = builder.updates_per_dispatch
     a = bare_update(builder, spec, config.batch_size, seconds)
     batches = replay.batches(
-        address, dqn.builder.TABLE, config.batch_size, builder.item_codec(spec)
+        address, dqn.builder.TABLE, config.batch_size * updates, builder.item_codec(spec)
     )
-    b = _rate(lambda: next(batches), seconds)
+    b = _rate(lambda: next(batches), seconds) * updates
     replay_handle = type(
         "Replay", (), {"address": lambda self: address, "cold_tier": lambda self: None}
     )()
@@ -115,18 +123,20 @@ def measure(config, spec, address: str, seconds: float) -> dict:
     # node.step returns once the update is dispatched; fetching the published
     # parameters waits for the last one, so only finished updates count.
     c = _rate(functools.partial(node.step, timeout=60.0), seconds, drain=node.get_params)
+    c *= updates
     node.stop()
     node.close()
     ratio = c / min(a, b)
     print(
         f"(a) bare update          {a:10,.1f} updates/s (batch {config.batch_size}, "
-        f"{config.precision}, {jax.local_device_count()} device(s))"
+        f"{config.precision}, {jax.local_device_count()} device(s), {updates} per call)"
     )
-    print(f"(b) Reverb sampling      {b:10,.1f} batches/s")
+    print(f"(b) Reverb sampling      {b:10,.1f} batches/s (sampled {updates} at once)")
     print(f"(c) learner node         {c:10,.1f} updates/s (priority updates on)")
     print(f"ratio c/min(a,b)         {ratio:10.2f}", flush=True)
     return {
         "batch_size": config.batch_size,
+        "updates_per_dispatch": updates,
         "bare_updates_per_s": a,
         "sampled_batches_per_s": b,
         "learner_updates_per_s": c,
