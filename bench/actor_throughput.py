@@ -67,7 +67,7 @@ def _real_transitions(spec: types.EnvSpec, num_envs: int, n: int, discount: floa
 
 
 def reverb_inserts(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
-    server = reverb.Server(builder.replay_tables(spec))
+    server = reverb.Server([replay.reverb_table(t) for t in builder.replay_tables(spec)])
     writer = replay.TransitionWriter(reverb.Client(f"localhost:{server.port}"), dqn.builder.TABLE)
     cfg, codec = builder.config, builder.item_codec(spec)
     batches = _real_transitions(spec, num_envs, cfg.n_step, cfg.discount)

@@ -158,8 +158,8 @@ def main(argv):
     )
     builder = dqn.DQNBuilder(config)
     # A table without the samples-per-insert limit: we measure the learner, not the ratio.
-    table = builder.replay_tables(spec)[0].replace(rate_limiter=reverb.rate_limiters.MinSize(1))
-    server = reverb.Server([table])
+    table = dataclasses.replace(builder.replay_tables(spec)[0], rate_limit=replay.RateLimit(1))
+    server = reverb.Server([replay.reverb_table(table)])
     address = f"localhost:{server.port}"
     writer = replay.TransitionWriter(reverb.Client(address), dqn.builder.TABLE)
     codec = builder.item_codec(spec)

@@ -55,8 +55,8 @@ def _transitions(spec: types.EnvSpec, count: int) -> types.Transition:
 
 def measure(builder, spec, items: types.Transition, seconds: float) -> dict:
     codec = builder.item_codec(spec)
-    table = builder.replay_tables(spec)[0].replace(rate_limiter=reverb.rate_limiters.MinSize(1))
-    server = reverb.Server([table])
+    table = dataclasses.replace(builder.replay_tables(spec)[0], rate_limit=replay.RateLimit(1))
+    server = reverb.Server([replay.reverb_table(table)])
     address = f"localhost:{server.port}"
     writer = replay.TransitionWriter(reverb.Client(address), builder.sample_table)
     count = len(items.reward)

@@ -85,8 +85,8 @@ def _anonymous_bytes() -> int:
 
 def _fill_and_sample(codec: replay.ItemCodec, packed: np.ndarray, tiering) -> dict:
     def tables():
-        limiter = reverb.rate_limiters.MinSize(1)
-        return [replay.prioritized_table(TABLE, FLAGS.items, 0.6, limiter, codec.signature())]
+        limiter = replay.RateLimit(1)
+        return [replay.prioritized_table(TABLE, FLAGS.items, 0.6, limiter, codec.num_bytes)]
 
     def written(count: int) -> int:
         """Anonymous memory once `count` items are in (in one of the tiers, when tiered)."""

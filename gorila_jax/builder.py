@@ -8,7 +8,6 @@ import threading
 from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import jax
-import reverb
 
 from gorila_jax import replay, types
 
@@ -170,18 +169,21 @@ class AgentBuilder(Protocol):
         """(hot, cold) items of its sampled table when tiered (`replay.Tiering`: the newest
         in memory, older ones on disk); None: all in memory, always for on-policy agents."""
 
-    def replay_tables(self, spec: types.EnvSpec) -> Sequence[reverb.Table]: ...
+    def replay_tables(self, spec: types.EnvSpec) -> Sequence[replay.TableSpec]:
+        """The tables the agent's items go to, declared for the whole replay; any backend
+        builds them (`gorila_jax/replay/api.py`)."""
 
     def make_adder(
         self,
-        client: reverb.Client,
+        connection: replay.Connection,
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
         table: str | None = None,
     ) -> Adder:
-        """An actor's adder; `table`: write there instead of the sampled table (the
-        demonstration table, which `gorila_jax.demonstrations` fills with this adder)."""
+        """An actor's adder, writing through `connection` (`connection.writer(table)`);
+        `table`: write there instead of the sampled table (the demonstration table, which
+        `gorila_jax.demonstrations` fills with this adder)."""
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> Any: ...
 

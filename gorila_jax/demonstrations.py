@@ -175,7 +175,10 @@ def add_episodes(adder: builder_lib.Adder, episodes: list[Episode], source: int)
 
 
 def load_into_replay(
-    demo_dir: str, builder: builder_lib.AgentBuilder, spec: types.EnvSpec, client: Any
+    demo_dir: str,
+    builder: builder_lib.AgentBuilder,
+    spec: types.EnvSpec,
+    connection: replay.Connection,
 ) -> int:
     """Writes the episodes of `demo_dir` to the demonstration table as the agent's items.
 
@@ -186,12 +189,12 @@ def load_into_replay(
       The number of items written.
     """
     episodes = read(demo_dir, spec)
-    adder = builder.make_adder(client, spec, 1, threading.Event(), table=replay.DEMO_TABLE)
+    adder = builder.make_adder(connection, spec, 1, threading.Event(), table=replay.DEMO_TABLE)
     try:
         add_episodes(adder, episodes, replay.DEMO_SOURCE)
     finally:
         adder.close()
-    return int(client.server_info()[replay.DEMO_TABLE].current_size)
+    return connection.table_size(replay.DEMO_TABLE)
 
 
 def check_run(
@@ -241,7 +244,7 @@ def first_shard(
 
 def _with_demo_table(make_tables, builder: builder_lib.AgentBuilder, spec: types.EnvSpec):
     # The demonstration table's items are the sampled table's: one codec decodes both.
-    return list(make_tables()) + [replay.demo_table(builder.item_codec(spec).signature())]
+    return list(make_tables()) + [replay.demo_table(builder.item_codec(spec).num_bytes)]
 
 
 class Loader:
@@ -252,11 +255,11 @@ class Loader:
     def __init__(self, demo_dir: str, builder: builder_lib.AgentBuilder, spec: types.EnvSpec):
         self.demo_dir, self._builder, self._spec = demo_dir, builder, spec
 
-    def __call__(self, client: Any) -> int:
-        held = int(client.server_info()[replay.DEMO_TABLE].current_size)
+    def __call__(self, connection: replay.Connection) -> int:
+        held = connection.table_size(replay.DEMO_TABLE)
         if held:
             return held
-        return load_into_replay(self.demo_dir, self._builder, self._spec, client)
+        return load_into_replay(self.demo_dir, self._builder, self._spec, connection)
 
 
 def record(

@@ -54,11 +54,13 @@ def test_observations_stay_uint8_from_replay_to_device():
     spec = envs.env_spec("Pong-v5")
     config = dataclasses.replace(dqn.DQNConfig(), min_replay_size=8, batch_size=8)
     builder = dqn.DQNBuilder(config)
-    server = reverb.Server(builder.replay_tables(spec))
+    server = reverb.Server([replay.reverb_table(t) for t in builder.replay_tables(spec)])
     address = f"localhost:{server.port}"
     env = envs.make_env("Pong-v5", 4, seed=0)
     obs, _ = env.reset()
-    adder = builder.make_adder(reverb.Client(address), spec, 4, stop_event=None)
+    adder = builder.make_adder(
+        replay.ReverbConnection(reverb.Client(address)), spec, 4, stop_event=None
+    )
     for _ in range(6):
         action = np.zeros(4, np.int32)
         next_obs, reward, terminated, truncated, _ = env.step(action)

@@ -119,6 +119,65 @@ def test_code_outside_replay_uses_only_its_package_interface():
             assert not inner, f"{path.relative_to(REPO)} imports {inner}: use gorila_jax.replay"
 
 
+# The Reverb backend: the only modules that may import reverb or tensorflow.
+REVERB_BACKEND = {
+    f"gorila_jax/replay/{name}.py"
+    for name in (
+        "reverb_tables",
+        "reverb_writer",
+        "sampling",
+        "server",
+        "sharded",
+        "shard_streams",
+        "tiers",
+    )
+}
+
+
+def _imports_reverb_or_tensorflow(path: pathlib.Path) -> bool:
+    return any(m.split(".")[0] in ("reverb", "tensorflow") for m in _imported_modules(path))
+
+
+def test_only_the_reverb_backend_imports_reverb_or_tensorflow():
+    """Agents, the acting, learning, Gorila and run layers, and the native backend know the
+    replay by its interface (`gorila_jax/replay/api.py`) alone."""
+    offending = [
+        str(path.relative_to(REPO))
+        for root in ("gorila_jax", "agents", "launch")
+        for path in sorted((REPO / root).rglob("*.py"))
+        if _imports_reverb_or_tensorflow(path) and str(path.relative_to(REPO)) not in REVERB_BACKEND
+    ]
+    assert not offending
+
+
+def test_the_native_backend_needs_no_reverb_module():
+    """The native node, table, sampler and the interface import nothing of Reverb's backend,
+    directly or through another replay module."""
+    replay_dir = REPO / "gorila_jax" / "replay"
+    native = ("api", "native_node", "native_table", "native_sampler", "manifest", "writers")
+    seen, todo = set(), [f"gorila_jax.replay.{name}" for name in native]
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = replay_dir / f"{module.rsplit('.', 1)[1]}.py"
+        assert f"gorila_jax/replay/{path.name}" not in REVERB_BACKEND, f"{module} is Reverb's"
+        assert not _imports_reverb_or_tensorflow(path), f"{module} imports reverb or tensorflow"
+        for imported in _imported_modules(path):
+            if imported == "gorila_jax.replay":
+                continue
+            if imported.startswith("gorila_jax.replay."):
+                todo.append(imported)
+        tree = ast.parse(path.read_text())
+        todo += [
+            f"gorila_jax.replay.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "gorila_jax.replay"
+            for alias in node.names
+        ]
+
+
 def _imports_ray(path: pathlib.Path) -> bool:
     return any(m.split(".")[0] == "ray" for m in _imported_modules(path))
 

@@ -5,7 +5,6 @@ import threading
 
 import jax
 import numpy as np
-import reverb
 
 from agents.dqn import config as config_lib
 from agents.dqn import learning, networks, policy
@@ -74,27 +73,27 @@ class DQNBuilder:
             return None
         return replay.DuplicateCounter(cfg.priority_duplicate_bonus, cfg.max_replay_size)
 
-    def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
+    def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
         cfg = self.config
         largest_batch = max(size for _, size in self.batch_schedule)
         rows = largest_batch * cfg.updates_per_dispatch  # what one sample call takes
         limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, rows)
-        signature = self.item_codec(spec).signature()
+        item_bytes = self.item_codec(spec).num_bytes
         return [
             replay.prioritized_table(
-                TABLE, cfg.max_replay_size, cfg.priority_exponent, limiter, signature
+                TABLE, cfg.max_replay_size, cfg.priority_exponent, limiter, item_bytes
             )
         ]
 
     def make_adder(
         self,
-        client: reverb.Client,
+        connection: replay.Connection,
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
         table: str | None = None,
     ) -> replay.NStepAdder:
-        writer = replay.TransitionWriter(client, table or TABLE, stop_event=stop_event)
+        writer = connection.writer(table or TABLE, stop_event=stop_event)
         return replay.NStepAdder(
             writer,
             self.item_codec(spec),

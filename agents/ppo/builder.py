@@ -5,7 +5,6 @@ import threading
 
 import jax
 import numpy as np
-import reverb
 
 from agents.ppo import config as config_lib
 from agents.ppo import learning, networks, policy
@@ -79,13 +78,13 @@ class PPOBuilder:
     def replay_tiers(self) -> None:
         return None  # on-policy: no old items to keep
 
-    def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
+    def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
         capacity = self.config.queue_batches * self.config.global_batch_size
-        return [replay.queue_table(TABLE, capacity, self.item_codec(spec).signature())]
+        return [replay.queue_table(TABLE, capacity, self.item_codec(spec).num_bytes)]
 
     def make_adder(
         self,
-        client: reverb.Client,
+        connection: replay.Connection,
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
@@ -93,8 +92,8 @@ class PPOBuilder:
     ) -> replay.TrajectoryAdder:
         # At most one write of unconfirmed chunks: once the queue is full the
         # actor waits at its next write instead of running further ahead.
-        writer = replay.TransitionWriter(
-            client, table or TABLE, max_pending=max(2, num_envs), stop_event=stop_event
+        writer = connection.writer(
+            table or TABLE, max_pending=max(2, num_envs), stop_event=stop_event
         )
         return replay.TrajectoryAdder(
             writer, self.item_codec(spec), num_envs, self.config.trajectory_length

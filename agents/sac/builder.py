@@ -5,7 +5,6 @@ import threading
 
 import jax
 import numpy as np
-import reverb
 
 from agents.sac import config as config_lib
 from agents.sac import learning, networks, policy
@@ -75,22 +74,22 @@ class SACBuilder:
     def replay_tiers(self) -> tuple[int, int] | None:
         return self.config.replay_tiers
 
-    def replay_tables(self, spec: types.EnvSpec) -> list[reverb.Table]:
+    def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
         cfg = self.config
         rows = cfg.batch_size * cfg.updates_per_dispatch  # what one sample call takes
         limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, rows)
-        signature = self.item_codec(spec).signature()
-        return [replay.uniform_table(TABLE, cfg.max_replay_size, limiter, signature)]
+        item_bytes = self.item_codec(spec).num_bytes
+        return [replay.uniform_table(TABLE, cfg.max_replay_size, limiter, item_bytes)]
 
     def make_adder(
         self,
-        client: reverb.Client,
+        connection: replay.Connection,
         spec: types.EnvSpec,
         num_envs: int,
         stop_event: threading.Event,
         table: str | None = None,
     ) -> replay.NStepAdder:
-        writer = replay.TransitionWriter(client, table or TABLE, stop_event=stop_event)
+        writer = connection.writer(table or TABLE, stop_event=stop_event)
         return replay.NStepAdder(
             writer, self.item_codec(spec), num_envs, self.config.n_step, self.config.discount
         )

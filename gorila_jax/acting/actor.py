@@ -163,7 +163,7 @@ class ActorNode(program.Worker):
         self._policy = builder.make_policy(spec, actor_index, num_actors, evaluation=False)
         replay_client = replay.actor_shard(replay_client, actor_index)
         self._replay_node = replay_client
-        self._replay_address = replay_client.address()
+        self._replay_endpoint = replay_client.endpoint()
         self.param_version = -1
         self.episodes = EpisodeTracker(self._rows, int(restored_counters.get("episodes", 0)))
 
@@ -180,9 +180,8 @@ class ActorNode(program.Worker):
                 seed=self._env_seed,
                 num_threads=self._env_threads,
             )
-            # A ReplayClient: the writer finds a replay node restarted at another address.
-            client = replay.ReplayClient(self._replay_node, self._replay_address)
-            adder = self._builder.make_adder(client, self._spec, self._rows, self._stop_event)
+            connection = replay.connect(self._replay_node, self._replay_endpoint)
+            adder = self._builder.make_adder(connection, self._spec, self._rows, self._stop_event)
             puller = ParameterPuller(self._learner, self._pull_interval)
             self._act(env, adder, puller)
         except replay.Stopped:

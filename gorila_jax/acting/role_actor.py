@@ -115,9 +115,8 @@ class RoleActorNode(program.Worker):
             env = multiagent.MultiAgentVectorEnv(self.env_id, self.num_envs, self._env_seed)
             for role, acting in self._roles.items():
                 shard = replay.actor_shard(self._wiring[role].replay, self.actor_index)
-                client = replay.ReplayClient(shard, shard.address())
                 acting.adder = acting.builder.make_adder(
-                    client, acting.spec, acting.rows, self._stop_event
+                    replay.connect(shard), acting.spec, acting.rows, self._stop_event
                 )
                 acting.puller = actor.ParameterPuller(self._sources[role], self._pull_interval)
             self._act(env)

@@ -146,16 +146,16 @@ def check_remedy(remedy: str, tables: Sequence[Any], sample_table: str) -> None:
 
     Args:
       remedy: one of REMEDIES.
-      tables: the agent's `reverb.Table`s (`builder.replay_tables`).
+      tables: the agent's `replay.TableSpec`s (`builder.replay_tables`).
       sample_table: the name of the table the learners sample.
     """
     if remedy != "downweight":
         return
     for table in tables:
-        if table.info.name != sample_table:
+        if table.name != sample_table:
             continue
-        sampler = table.info.sampler_options.WhichOneof("distribution")
-        if sampler != "prioritized":
+        sampler = table.kind
+        if not table.prioritized:
             raise ValueError(
                 "balance_remedy='downweight' lowers the priorities of a dominant actor's "
                 f"items, but this agent's table {sample_table!r} samples by {sampler!r}, "

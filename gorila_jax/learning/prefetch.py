@@ -35,9 +35,9 @@ class DevicePrefetcher:
     servers stop and before the process exits (see `close`).
 
     Args:
-      make_batches: batch size -> batches; or a sampler (`replay.ShardedSampler`,
-        `replay.MixedSampler`), whose `batches` it calls and which its thread closes
-        when it ends.
+      make_batches: batch size -> batches; or a sampler (`replay.ReplayShards.sampler`
+        of either backend), whose `batches` it calls and which its thread closes when
+        it ends.
       batch_size: the batch size to sample next.
       devices: where batches go (`parallel.shard_to_devices`).
       stop_event: the owning node's stop signal.
@@ -46,16 +46,14 @@ class DevicePrefetcher:
 
     def __init__(
         self,
-        make_batches: Callable[[int], Iterator[replay.Batch]]
-        | replay.ShardedSampler
-        | replay.MixedSampler,
+        make_batches: Callable[[int], Iterator[replay.Batch]] | Any,
         batch_size: Callable[[], int],
         devices: list,
         stop_event: threading.Event,
         size: int = 2,
     ):
         self._close_sampler: Callable[[], None] | None = None
-        if isinstance(make_batches, (replay.ShardedSampler, replay.MixedSampler)):
+        if hasattr(make_batches, "batches"):  # a sampler of any backend
             make_batches, self._close_sampler = make_batches.batches, make_batches.close
         self._make_batches, self._batch_size = make_batches, batch_size
         self._devices, self._stop_event = devices, stop_event

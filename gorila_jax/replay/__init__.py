@@ -1,11 +1,31 @@
-"""Replay: the narrow interface actors and learners use, over Reverb.
+"""Replay: the narrow interface actors and learners use (`api`), over two backends.
 
-Server address, items with priorities, batches with keys and probabilities,
-priority updates; one server or K shards sampled as one replay. Code outside
-this package imports `gorila_jax.replay` only, never its modules, so that
-another backend (a tiered store, for example) can sit behind these names.
+Tables declared by agents, connections that write items with priorities,
+batches with keys and probabilities, priority updates, checkpoints; one node
+or K shards sampled as one replay. The native backend keeps tables in the
+replay node's process (native_*.py); the Reverb backend serves them from a
+Reverb server (server.py, sampling.py, sharded.py, reverb_*.py, tiers.py).
+Code outside this package imports `gorila_jax.replay` only, never its modules.
 """
 
+from gorila_jax.replay.api import (
+    BACKENDS,
+    KINDS,
+    NATIVE,
+    PRIORITIZED,
+    QUEUE,
+    REVERB,
+    UNIFORM,
+    Batch,
+    Connection,
+    RateLimit,
+    SampledKeys,
+    Stopped,
+    TableSpec,
+    row_keys,
+)
+from gorila_jax.replay.backends import connect, node_class
+from gorila_jax.replay.reverb_tables import make_table as reverb_table
 from gorila_jax.replay.cold import COMPRESSIONS as COLD_COMPRESSIONS
 from gorila_jax.replay.cold import ColdRows, ColdStore
 from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
@@ -18,26 +38,20 @@ from gorila_jax.replay.mixing import (
     demo_rows,
     demo_table,
 )
-from gorila_jax.replay.sampling import (
-    CONNECTION_ERRORS,
-    Batch,
-    PriorityUpdater,
-    SampledKeys,
-    batches,
-    row_keys,
-    sample_stream,
-)
-from gorila_jax.replay.server import (
+from gorila_jax.replay.manifest import (
     CHECKPOINT_MANIFEST,
     NEWEST,
     CheckpointDamaged,
     IncompatibleCheckpoint,
-    PortInUse,
-    ReplayClient,
-    ReplayNode,
+    check_backend,
     check_checkpoint,
+    checkpoint_backend,
     newest_intact_checkpoint,
 )
+from gorila_jax.replay.native_node import NativeReplayNode
+from gorila_jax.replay.priority_updates import PriorityUpdater
+from gorila_jax.replay.sampling import CONNECTION_ERRORS, batches, sample_stream
+from gorila_jax.replay.server import PortInUse, ReplayClient, ReplayNode
 from gorila_jax.replay.sharded import (
     ReplayShards,
     ShardedSampler,
@@ -47,16 +61,32 @@ from gorila_jax.replay.sharded import (
 )
 from gorila_jax.replay.tiers import COLD_CHECKPOINT, TierMetrics, Tiering, spill_table
 from gorila_jax.replay.tables import prioritized_table, queue_table, rate_limiter, uniform_table
+from gorila_jax.replay.reverb_writer import ReverbConnection, TransitionWriter
 from gorila_jax.replay.writers import (
     NStepAccumulator,
     NStepAdder,
-    Stopped,
     TrajectoryAdder,
-    TransitionWriter,
     trajectory_example,
 )
 
 __all__ = [
+    "BACKENDS",
+    "KINDS",
+    "NATIVE",
+    "PRIORITIZED",
+    "QUEUE",
+    "REVERB",
+    "UNIFORM",
+    "Connection",
+    "NativeReplayNode",
+    "RateLimit",
+    "ReverbConnection",
+    "TableSpec",
+    "check_backend",
+    "checkpoint_backend",
+    "connect",
+    "node_class",
+    "reverb_table",
     "CHECKPOINT_MANIFEST",
     "COLD_CHECKPOINT",
     "COLD_COMPRESSIONS",

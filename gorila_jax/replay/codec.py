@@ -4,7 +4,6 @@ import hashlib
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 import tree
 
 from gorila_jax import types
@@ -61,10 +60,6 @@ class ItemCodec:
         self._bounds = np.cumsum([0, *sizes]).tolist()
         self.payload_bytes = self._bounds[-1]  # the item's own data, without the trailer
         self.num_bytes = self.payload_bytes + SOURCE_BYTES  # one packed item
-
-    def signature(self) -> tf.TensorSpec:
-        """The table signature of packed items."""
-        return tf.TensorSpec([self.num_bytes], tf.uint8)
 
     def encode(self, batch: types.PyTree, source: int | np.ndarray = UNKNOWN_SOURCE) -> np.ndarray:
         """[K, ...] leaves -> [K, num_bytes] uint8.

@@ -16,32 +16,26 @@ from typing import Any, Iterator
 
 import jax
 import numpy as np
-import reverb
 
 from gorila_jax import config_checks
-from gorila_jax.replay import sampling
+from gorila_jax.replay import api
 
 DEMO_TABLE = "demonstrations"
 # The source actor that demonstration items carry (`ItemCodec.sources`): no actor's
 # index, and apart from UNKNOWN_SOURCE (-1), so that sampled rows count as "demo".
 DEMO_SOURCE = -2
-# The demonstration table never evicts; Reverb allocates per item, not up front.
+# The demonstration table never evicts; backends allocate per item, not up front.
 _DEMO_CAPACITY = 100_000_000
 
 
-def demo_table(signature: Any) -> reverb.Table:
+def demo_table(item_bytes: int) -> api.TableSpec:
     """The demonstration table: uniform sampling, nothing removed, sampled once it holds one item.
 
-    Its items have the agent's signature (`signature`, the sampled table's), so the
+    Its items are the agent's (`item_bytes` wide, the sampled table's), so the
     learner decodes both tables' rows with one codec.
     """
-    return reverb.Table(
-        name=DEMO_TABLE,
-        sampler=reverb.selectors.Uniform(),
-        remover=reverb.selectors.Fifo(),
-        max_size=_DEMO_CAPACITY,
-        rate_limiter=reverb.rate_limiters.MinSize(1),
-        signature=signature,
+    return api.TableSpec(
+        DEMO_TABLE, api.UNIFORM, _DEMO_CAPACITY, item_bytes, rate_limit=api.RateLimit(1), grows=True
     )
 
 
@@ -66,7 +60,7 @@ class MixedSampler:
             raise ValueError("a MixedSampler needs a demonstration share above 0")
         self._replay, self._demos, self._fraction = replay, demos, fraction
 
-    def batches(self, batch_size: int) -> Iterator[sampling.Batch]:
+    def batches(self, batch_size: int) -> Iterator[api.Batch]:
         """As `ShardedSampler.batches`: ends when either table holds samples back (call again).
 
         Raises:
@@ -90,7 +84,7 @@ class MixedSampler:
             self._demos.close()
 
 
-def interleave(replay_batch: sampling.Batch, demo_batch: sampling.Batch, demo: np.ndarray):
+def interleave(replay_batch: api.Batch, demo_batch: api.Batch, demo: np.ndarray):
     """One batch: `demo_batch`'s rows where `demo` is True, `replay_batch`'s elsewhere."""
 
     def place(own: Any, demonstrated: Any) -> Any:
@@ -108,7 +102,7 @@ def interleave(replay_batch: sampling.Batch, demo_batch: sampling.Batch, demo: n
             demonstrated = np.full(int(demo.sum()), fill, np.asarray(own).dtype)
         return place(own, demonstrated)
 
-    return sampling.Batch(
+    return api.Batch(
         keys=place(replay_batch.keys, demo_batch.keys),
         probabilities=place(replay_batch.probabilities, demo_batch.probabilities),
         table_size=place(replay_batch.table_size, demo_batch.table_size),

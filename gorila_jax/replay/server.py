@@ -1,7 +1,7 @@
-"""The replay node: a Reverb server with checkpoints, and the client that follows it."""
+"""The Reverb backend's replay node: a Reverb server with checkpoints, and the client that
+follows it."""
 
 import errno
-import json
 import logging
 import os
 import shutil
@@ -12,7 +12,8 @@ import reverb
 import tensorflow as tf
 from reverb.cc.checkpointing import checkpoint_pb2
 
-from gorila_jax.replay import codec, tiers
+from gorila_jax.replay import api, codec, manifest, reverb_tables, reverb_writer, tiers
+from gorila_jax.replay.manifest import IncompatibleCheckpoint
 
 
 # Any routable address: a UDP connect only picks the route toward it, nothing is sent.
@@ -43,20 +44,6 @@ def _name_address() -> str:
         return socket.gethostbyname(socket.getfqdn())
     except OSError:  # a host name that does not resolve
         return socket.gethostbyname("localhost")
-
-
-CHECKPOINT_MANIFEST = "MANIFEST.json"
-
-
-NEWEST = -1  # ReplayNode restore_step: the newest intact checkpoint
-
-
-class CheckpointDamaged(Exception):
-    """A replay checkpoint whose files are not those that were written."""
-
-
-class IncompatibleCheckpoint(Exception):
-    """A replay checkpoint whose items this run's agent cannot read (another format or config)."""
 
 
 def _lacks_source_trailer(held: Any, configured: Any) -> bool:
@@ -101,24 +88,6 @@ def _check_port_free(port: int) -> None:
                 raise
 
 
-def newest_intact_checkpoint(checkpoint_dir: str) -> int | None:
-    """The step of the newest replay checkpoint in `checkpoint_dir` whose files are
-    intact (`check_checkpoint`); None if there is none. Damaged ones are skipped
-    with a warning: a restarted replay goes back one checkpoint rather than fail."""
-    steps = (
-        sorted((int(name) for name in os.listdir(checkpoint_dir) if name.isdigit()), reverse=True)
-        if os.path.isdir(checkpoint_dir)
-        else []
-    )
-    for step in steps:
-        try:
-            check_checkpoint(os.path.join(checkpoint_dir, str(step)))
-            return step
-        except CheckpointDamaged as error:
-            logging.warning("replay: skipping checkpoint %d: %s", step, error)
-    return None
-
-
 class ReplayNode:
     """Hosts a Reverb server with the tables an agent's builder declares.
 
@@ -127,7 +96,7 @@ class ReplayNode:
     keep the replay port closed to untrusted networks (README, multi-host).
 
     Args:
-      make_tables: returns the agent's tables.
+      make_tables: returns the agent's tables (`api.TableSpec`s).
       port: the server's port; None picks a free one. The experiment picks
         one for the whole run, so that a restarted replay node serves at the
         same address and Reverb's clients (writers, samplers) reconnect to it.
@@ -142,7 +111,7 @@ class ReplayNode:
       restore_step: start from the checkpoint taken at this learner step;
         `NEWEST`: from the newest intact one (an empty replay if there is none),
         as a replay node restarted after a crash does.
-      preload: called with a client of the server once it serves (after any
+      preload: called with a connection to the server once it serves (after any
         restore), to write what the run starts with (demonstrations,
         `gorila_jax.demonstrations.Loader`, which skips a table a restored
         checkpoint already filled).
@@ -155,12 +124,12 @@ class ReplayNode:
 
     def __init__(
         self,
-        make_tables: Callable[[], Sequence[reverb.Table]],
+        make_tables: Callable[[], Sequence[api.TableSpec]],
         port: int | None = None,
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
         any_port_if_taken: bool = False,
-        preload: Callable[[reverb.Client], Any] | None = None,
+        preload: Callable[[api.Connection], Any] | None = None,
         tiering: tiers.Tiering | None = None,
     ):
         self._checkpoint_dir = checkpoint_dir
@@ -169,18 +138,19 @@ class ReplayNode:
         expected_sizes = None
         restore_path = None
         if checkpoint_dir is not None:
-            if restore_step == NEWEST:
-                restore_step = newest_intact_checkpoint(checkpoint_dir)
+            if restore_step == manifest.NEWEST:
+                restore_step = manifest.newest_intact_checkpoint(checkpoint_dir)
             if restore_step is not None:
                 restore_path = os.path.join(checkpoint_dir, str(restore_step))
-                expected_sizes = check_checkpoint(restore_path)
+                expected_sizes = manifest.check_checkpoint(restore_path)
+                manifest.check_backend(restore_path, api.REVERB)
                 _check_tiers_match(restore_path, tiering)
             checkpointer = _checkpointer(checkpoint_dir, restore_path)
-        elif restore_step is not None and restore_step != NEWEST:
+        elif restore_step is not None and restore_step != manifest.NEWEST:
             raise ValueError("restore_step needs a checkpoint_dir")
         else:
             restore_step = None  # NEWEST without checkpoints: an empty replay
-        agent_tables = list(make_tables())
+        agent_tables = [reverb_tables.make_table(spec) for spec in make_tables()]
         tables = agent_tables if tiering is None else tiering.tables(agent_tables)
         signatures = {table.info.name: table.info.signature for table in tables}
         if port is not None:
@@ -220,7 +190,7 @@ class ReplayNode:
                 )
                 self._restored["cold_items"] = self._tiers.restored_items
             if preload is not None:
-                preload(self._server.localhost_client())
+                preload(reverb_writer.ReverbConnection(self._server.localhost_client()))
         except BaseException:
             self.close()
             raise
@@ -274,6 +244,10 @@ class ReplayNode:
         """host:port that clients on any node of the cluster can reach."""
         return f"{self._host}:{self._server.port}"
 
+    def endpoint(self) -> api.Endpoint:
+        """Reverb's, at `address()`."""
+        return api.Endpoint(api.REVERB, self.address())
+
     def table_info(self) -> dict[str, dict[str, float]]:
         """Per table: size, completed inserts and samples, and the rate limiter's settings
         (`samples_per_insert`, and `slack`: how far sampling may run ahead of or behind it)."""
@@ -316,10 +290,7 @@ class ReplayNode:
 
     def keep_checkpoints(self, steps: Sequence[int]) -> None:
         """Deletes the checkpoints of every step not in `steps`."""
-        kept = set(steps)
-        for name in os.listdir(self._checkpoint_dir):
-            if name.isdigit() and int(name) not in kept:
-                shutil.rmtree(os.path.join(self._checkpoint_dir, name), ignore_errors=True)
+        manifest.keep_checkpoints(self._checkpoint_dir, steps)
 
     # ------------------------------------------------------------ a tiered replay's cold tier
 
@@ -386,31 +357,9 @@ def _checkpointer(
     return reverb.checkpointers.DefaultCheckpointer(scratch, fallback_checkpoint_path=restore_path)
 
 
-def check_checkpoint(path: str) -> dict[str, int]:
-    """Table sizes of the replay checkpoint at `path`, after checking its files are intact.
-
-    Raises:
-      CheckpointDamaged: if the manifest, or a file it lists, is missing or has another size.
-    """
-    try:
-        with open(os.path.join(path, CHECKPOINT_MANIFEST)) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as error:
-        raise CheckpointDamaged(
-            f"replay checkpoint {path} has no readable manifest: {error}"
-        ) from None
-    for name, size in manifest["files"].items():
-        file = os.path.join(path, name)
-        actual = os.path.getsize(file) if os.path.exists(file) else None
-        if actual != size:
-            raise CheckpointDamaged(
-                f"replay checkpoint file {file} has {actual} bytes, {size} were written"
-            )
-    return manifest["table_sizes"]
-
-
 def _write_manifest(path: str) -> dict[str, int]:
-    """Records the size of every file of the Reverb checkpoint at `path`; returns table sizes.
+    """Writes the manifest of the Reverb checkpoint at `path` (`manifest.write_manifest`);
+    returns its table sizes.
 
     Reverb restores a truncated checkpoint as an empty table without an error;
     the manifest lets resume tell a damaged checkpoint from an intact one.
@@ -424,9 +373,7 @@ def _write_manifest(path: str) -> dict[str, int]:
         table = checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
         limiter = table.rate_limiter
         sizes[table.table_name] = int(limiter.insert_count - limiter.delete_count)
-    files = {name: os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)}
-    with open(os.path.join(path, CHECKPOINT_MANIFEST), "w") as f:
-        json.dump({"files": files, "table_sizes": sizes}, f)
+    manifest.write_manifest(path, sizes, api.REVERB)
     return sizes
 
 

@@ -11,21 +11,29 @@ table's mass, but its prioritized sampler gives each sampled item
 `probability = priority**alpha / M_k`, so every sample of shard k tells M_k
 exactly (priority**alpha / probability). The sampler keeps the estimate of
 each shard from the latest rows it pulled from it. New priorities go back
-to the shard that holds each item (`sampling.PriorityUpdater`).
+to the shard that holds each item (`priority_updates.PriorityUpdater`).
 
 With one shard everything reduces to Reverb's own sampling: the same
 datasets, batch for batch, and the probabilities and table sizes Reverb gives.
 """
 
-import math
 import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
-import reverb
 
-from gorila_jax.replay import codec, mixing, sampling, server, shard_streams, tiers
+from gorila_jax.replay import (
+    api,
+    codec,
+    mixing,
+    native_node,
+    native_sampler,
+    priority_updates,
+    server,
+    shard_streams,
+    tiers,
+)
 
 
 def assigned_shard(actor_index: int, num_shards: int) -> int:
@@ -42,46 +50,11 @@ def actor_shard(replay_nodes: Any, actor_index: int) -> Any:
 
 
 def shard_tables(
-    make_tables: Callable[[], Sequence[reverb.Table]], num_shards: int
-) -> list[reverb.Table]:
-    """The agent's tables cut to the size of one of `num_shards` shards.
-
-    The agent declares tables for the whole replay. Each shard sees 1/K of
-    the inserts and samples, so it keeps 1/K of the capacity (`max_size`),
-    needs 1/K of the minimum size before it may be sampled, and its rate
-    limiter allows 1/K of the deviation from samples_per_insert, but at
-    least 2 * max(1, samples_per_insert) (Reverb's rule: narrower can
-    deadlock inserts against samples). K shards then hold as many items and
-    start learning as early as one replay would. A queue (PPO's) becomes a
-    queue of 1/K of the capacity.
-    """
-    return [_shard_table(table, num_shards) for table in make_tables()]
-
-
-def _shard_table(table: reverb.Table, num_shards: int) -> reverb.Table:
-    if num_shards == 1:
-        return table
-    info = table.info
-    limits = info.rate_limiter_info
-    max_size = math.ceil(info.max_size / num_shards)
-    is_queue = (
-        info.max_times_sampled == 1 and limits.min_diff == 0 and limits.max_diff == info.max_size
-    )
-    if is_queue:  # reverb.Table.queue: inserts wait while it is full
-        limiter = reverb.rate_limiters.Queue(max_size)
-    else:
-        min_diff, max_diff = limits.min_diff, limits.max_diff
-        if math.isfinite(max_diff - min_diff):
-            center = (min_diff + max_diff) / 2 / num_shards
-            half = max((max_diff - min_diff) / 2 / num_shards, max(1.0, limits.samples_per_insert))
-            min_diff, max_diff = center - half, center + half
-        limiter = reverb.rate_limiters.RateLimiter(
-            samples_per_insert=limits.samples_per_insert,
-            min_size_to_sample=max(1, math.ceil(limits.min_size_to_sample / num_shards)),
-            min_diff=min_diff,
-            max_diff=max_diff,
-        )
-    return table.replace(max_size=max_size, rate_limiter=limiter)
+    make_tables: Callable[[], Sequence[api.TableSpec]], num_shards: int
+) -> list[api.TableSpec]:
+    """The agent's tables cut to the size of one of `num_shards` shards (`api.TableSpec.for_shard`:
+    1/K of the capacity, the minimum size and the rate limiter's slack)."""
+    return [table.for_shard(num_shards) for table in make_tables()]
 
 
 class ReplayShards:
@@ -96,9 +69,17 @@ class ReplayShards:
         if not self.nodes:
             raise ValueError("a replay needs at least one shard")
         self._tiers: dict[int, dict[str, Any] | None] | None = None
+        self._backend: str | None = None
 
     def __len__(self) -> int:
         return len(self.nodes)
+
+    @property
+    def backend(self) -> str:
+        """The backend that serves the shards (`api.BACKENDS`), asked once."""
+        if self._backend is None:
+            self._backend = self.nodes[0].endpoint().backend
+        return self._backend
 
     def sampler(
         self,
@@ -107,9 +88,17 @@ class ReplayShards:
         stop: threading.Event | None = None,
         content_hashes: bool = False,
         demo_fraction: float = 0.0,
-    ) -> "ShardedSampler | mixing.MixedSampler":
+    ) -> "ShardedSampler | native_sampler.NativeSampler | mixing.MixedSampler":
         """Batches of `table` across the shards; with `demo_fraction`, that share of every
         batch from the demonstration table on the first shard (`mixing.MixedSampler`)."""
+        if self.backend == api.NATIVE:
+            own = native_sampler.NativeSampler(
+                self.nodes, table, codec, stop=stop, content_hashes=content_hashes
+            )
+            demos = native_sampler.NativeSampler(
+                self.nodes[:1], mixing.DEMO_TABLE, codec, stop=stop, content_hashes=content_hashes
+            )
+            return mixing.MixedSampler(own, demos, demo_fraction) if demo_fraction else own
         cold = self.cold_tiers(table)
         own = ShardedSampler(
             self.nodes,
@@ -140,14 +129,17 @@ class ReplayShards:
             if tier is not None and tier["table"] == table
         }
 
-    def priority_updater(self, table: str) -> sampling.PriorityUpdater:
+    def priority_updater(self, table: str) -> priority_updates.PriorityUpdater:
         """Sends priorities to the shard of each item, at the address each serves at now,
         and to the tier that holds it (streams K.. are the shards' cold tiers, as sampled)."""
+        if self.backend == api.NATIVE:
+            clients = [native_node.NativePriorities(node) for node in self.nodes]
+            return priority_updates.PriorityUpdater(clients, table)
         cold = self.cold_tiers(table)
         clients = [server.ReplayClient(node) for node in self.nodes]
         clients += [tiers.ColdPriorities(self.nodes[shard]) for shard in cold]
         noted = {shard: self.nodes[shard] for shard, tier in cold.items() if tier["prioritized"]}
-        return sampling.PriorityUpdater(clients, table, hot_priorities=noted)
+        return priority_updates.PriorityUpdater(clients, table, hot_priorities=noted)
 
     def checkpoint(self, step: int) -> dict[str, Any]:
         """Checkpoints every shard as learner step `step`.
@@ -188,7 +180,7 @@ class ShardedSampler:
     (= priority**alpha / sum(M) for a prioritized table, 1 / total size for
     a uniform one), and its table size the total over shards, so that
     importance weights N * P come out as for one replay. A batch carries the
-    shard of each row (`sampling.Batch.shards`), for priority updates.
+    shard of each row (`api.Batch.shards`), for priority updates.
 
     A shard's rate limiter may hold samples back: each shard enforces the
     samples-per-insert ratio on its own share, so a shard whose mass share
@@ -211,7 +203,7 @@ class ShardedSampler:
       prefetch, rate_limiter_timeout_ms, num_workers: each shard's dataset's,
         as for `sampling.batches`.
       content_hashes: each batch carries its items' content hashes
-        (`sampling.Batch.hashes`; needs `codec`).
+        (`api.Batch.hashes`; needs `codec`).
       cold_nodes: nodes whose cold tier is sampled as well (`tiers.ColdStream`), as
         streams K, K+1, ... after the K shards, in the mass split like a shard.
       hot_hashes: the content hashes of the shards' rows only (those of cold tiers' rows
@@ -255,7 +247,7 @@ class ShardedSampler:
         """Streams sampled: the shards, and their cold tiers after them."""
         return len(self._nodes) + len(self._cold_nodes)
 
-    def batches(self, batch_size: int) -> Iterator[sampling.Batch]:
+    def batches(self, batch_size: int) -> Iterator[api.Batch]:
         """Batches of `batch_size` rows; as `sampling.batches`, the iterator ends when a
         shard's rate limiter holds samples back longer than the timeout (call again to go
         on: rows already pulled are kept, ended shard datasets are rebuilt).
@@ -324,7 +316,7 @@ class ShardedSampler:
         masses = self._masses()
         return self._rng.multinomial(batch_size, masses / masses.sum()).tolist()
 
-    def _assemble(self, counts: list[int]) -> sampling.Batch:
+    def _assemble(self, counts: list[int]) -> api.Batch:
         rows = shard_streams.concatenate(
             [stream.take(count) for stream, count in zip(self._streams, counts) if count]
         )
@@ -339,12 +331,12 @@ class ShardedSampler:
             hashes = np.zeros(len(shards), np.uint64)
             hashes[hot] = self._codec.content_hashes(rows.data[hot], self._table)
         if self.num_shards == 1:  # Reverb's probabilities and sizes are the replay's own
-            return sampling.Batch(
+            return api.Batch(
                 rows.keys, rows.probabilities, rows.table_size, data, sources=sources, hashes=hashes
             )
         masses = self._masses()
         sizes = np.array([stream.table_size for stream in self._streams], np.int64)
-        return sampling.Batch(
+        return api.Batch(
             keys=rows.keys,
             probabilities=rows.probabilities * (masses / masses.sum())[shards],
             table_size=rows.table_size + (sizes.sum() - sizes)[shards],

@@ -97,6 +97,14 @@ class ExperimentConfig:
     tf32: bool = setting(
         False, "learner", "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."
     )
+    replay_backend: str = setting(
+        replay.REVERB,
+        "replay",
+        "The replay backend: reverb (a Reverb server per shard) or native (numpy tables in "
+        "the replay node's process, no TensorFlow; gorila_jax/replay/api.py, docs/replay.md).",
+        choices=replay.BACKENDS,
+        flag="replay",
+    )
     replay_cpus: float = setting(1.0, "replay", "CPUs the replay asks Ray for.", check=NON_NEGATIVE)
     replay_port: int = setting(
         0,
@@ -460,7 +468,19 @@ class ExperimentConfig:
             )
 
     def _check_replay(self) -> None:
-        """Replay shards need a writer each and ports below 65536."""
+        """Replay shards need a writer each and ports below 65536; what the native backend
+        does not do is refused."""
+        if self.replay_backend == replay.NATIVE and self.replay_port:
+            raise ValueError(
+                f"replay_port={self.replay_port} is the Reverb server's port; the native replay "
+                "serves through its node's client and has none (leave it at 0, or "
+                "--replay=reverb)"
+            )
+        if self.replay_backend == replay.NATIVE and self.launcher == "launchpad":
+            raise ValueError(
+                "replay=native has not been verified under launcher=launchpad yet; use "
+                "--replay=reverb there"
+            )
         if self.num_replay_shards > self.num_actors:
             raise ValueError(
                 f"num_replay_shards={self.num_replay_shards} exceeds num_actors="
@@ -482,6 +502,11 @@ class ExperimentConfig:
           ValueError: --replay_cold_dir for a replay that is not tiered.
         """
         sizes = builder.replay_tiers
+        if sizes is not None and self.replay_backend == replay.NATIVE:
+            raise ValueError(
+                "a tiered replay (config.hot_replay_size) needs --replay=reverb: the native "
+                "replay keeps every item in memory"
+            )
         if sizes is None:
             cold_settings = dict(
                 replay_cold_dir=self.replay_cold_dir,
@@ -518,7 +543,12 @@ class ExperimentConfig:
                     f"resume: no checkpoint in {checkpoint.learner_dir(logdir)} "
                     "(is --logdir the one of the run to continue?)"
                 )
-            saved_shards = len(checkpoint.saved_replay_dirs(logdir))
+            replay_dirs = checkpoint.saved_replay_dirs(logdir)
+            for directory in replay_dirs:
+                step = replay.newest_intact_checkpoint(directory)
+                if step is not None:
+                    replay.check_backend(os.path.join(directory, str(step)), self.replay_backend)
+            saved_shards = len(replay_dirs)
             if saved_shards != self.num_replay_shards:
                 raise ValueError(
                     f"resume: the checkpoints in {logdir} hold a replay of {saved_shards} "

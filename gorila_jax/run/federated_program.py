@@ -34,12 +34,15 @@ def make_program(
     with program.group("replay", program_lib.Resources(cfg.replay_cpus)):
         replays = [
             program.add_node(
-                replay.ReplayNode,
+                replay.node_class(cfg.replay_backend),
                 functools.partial(builder.replay_tables, spec),
-                port=portpicker.pick_unused_port(),
-                any_port_if_taken=True,
+                **(
+                    {"seed": cfg.seed * cfg.num_clients + client}
+                    if cfg.replay_backend == replay.NATIVE
+                    else {"port": portpicker.pick_unused_port(), "any_port_if_taken": True}
+                ),
             )
-            for _ in range(cfg.num_clients)
+            for client in range(cfg.num_clients)
         ]
     restart_replay = functools.partial(wiring.restart_replay, False)
     for handle in replays:

@@ -296,8 +296,8 @@ def add_replay_shards(
     restore_step: int | None,
     role: str | None = None,
 ) -> list[program_lib.Handle]:
-    """The replay group: one Reverb node per shard (replay/0 .. replay/K-1), each
-    restartable, with its own port and checkpoint directory.
+    """The replay group: one node of the run's replay backend per shard (replay/0 ..
+    replay/K-1), each restartable, with its own checkpoint directory (and Reverb's, port).
 
     Returns the shards' handles in shard order. Actors and learners get the
     whole list: an actor writes to its assigned shard, learners sample them all.
@@ -312,23 +312,27 @@ def add_replay_shards(
     first_tables, preload = make_tables, None
     if cfg.demos:
         first_tables, preload = demonstrations.first_shard(make_tables, cfg.demos, builder, spec)
-    tiering = cfg.replay_tiering(builder)
-    # One port per shard for the whole run: a restarted shard serves at the
-    # same address, and Reverb's clients reconnect to it by themselves.
-    ports = [cfg.replay_port + shard for shard in range(num_shards)] if cfg.replay_port else []
-    while len(ports) < num_shards:
-        port = portpicker.pick_unused_port()
-        if port not in ports:
-            ports.append(port)
+    if cfg.replay_backend == replay.NATIVE:
+        # Each shard draws from its own seed: shards' samples are independent.
+        node_options = [{"seed": cfg.seed * num_shards + shard} for shard in range(num_shards)]
+    else:
+        tiering, ports = cfg.replay_tiering(builder), reverb_ports(cfg)
+        node_options = [
+            {
+                "port": port,
+                "any_port_if_taken": not cfg.replay_port,
+                "tiering": tiering and tiering.for_shard(shard, num_shards),
+            }
+            for shard, port in enumerate(ports)
+        ]
     handles = []
     with program.group(
         program_lib.role_group("replay", role), program_lib.Resources(cfg.replay_cpus)
     ):
-        for shard, port in enumerate(ports):
+        for shard, options in enumerate(node_options):
             handle = program.add_node(
-                replay.ReplayNode,
+                replay.node_class(cfg.replay_backend),
                 first_tables if shard == 0 else make_tables,
-                port=port,
                 checkpoint_dir=(
                     checkpoint.replay_dir(
                         checkpoint.role_logdir(cfg.logdir, role), shard, num_shards
@@ -337,15 +341,26 @@ def add_replay_shards(
                     else None
                 ),
                 restore_step=restore_step,
-                any_port_if_taken=not cfg.replay_port,
                 preload=preload if shard == 0 else None,
-                tiering=tiering and tiering.for_shard(shard, num_shards),
+                **options,
             )
             handles.append(handle)
     restart = functools.partial(restart_replay, cfg.saves_checkpoints)
     for handle in handles:
         program.node(handle.name).restartable(restart)
     return handles
+
+
+def reverb_ports(cfg: ExperimentConfig) -> list[int]:
+    """One port per Reverb shard for the whole run: a restarted shard serves at the same
+    address, and Reverb's clients reconnect to it by themselves."""
+    num_shards = cfg.num_replay_shards
+    ports = [cfg.replay_port + shard for shard in range(num_shards)] if cfg.replay_port else []
+    while len(ports) < num_shards:
+        port = portpicker.pick_unused_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 def checkpoint_template(

@@ -323,10 +323,10 @@ def learner_on_a_dqn_table(
     codec = builder.item_codec(spec)
 
     def table():
-        limiter = reverb.rate_limiters.MinSize(1)
+        limiter = replay.RateLimit(1)
         return [
             replay.prioritized_table(
-                builder.sample_table, 5000, config.priority_exponent, limiter, codec.signature()
+                builder.sample_table, 5000, config.priority_exponent, limiter, codec.num_bytes
             )
         ]
 

@@ -87,6 +87,10 @@ def test_bytes_per_item_shrink_with_the_dtype(dtype_name, obs_bytes):
     assert codec.num_bytes == 2 * obs_bytes + 6 * 4 + 2 * 4 + replay.SOURCE_BYTES
 
 
+def _table(codec):
+    return replay.uniform_table("t", 100, replay.RateLimit(1), codec.num_bytes)
+
+
 def _transitions(count: int, spec: types.EnvSpec, seed: int) -> types.Transition:
     env = envs.make_env(spec.env_id, count, seed=seed)
     obs, _ = env.reset()
@@ -111,7 +115,7 @@ def test_reverb_round_trip_keeps_compact_bytes_and_decodes_on_the_learners_devic
     codec = builder.item_codec(spec)
     items = _transitions(8, spec, seed=0)
     server = reverb.Server(
-        [replay.uniform_table("t", 100, reverb.rate_limiters.MinSize(1), codec.signature())],
+        [replay.reverb_table(_table(codec))],
         port=None,
     )
     try:

@@ -119,8 +119,8 @@ def _server_with_demos(builder, spec, demo_dir):
     codec = builder.item_codec(spec)
 
     def tables():
-        own = builder.replay_tables(spec)[0].replace(rate_limiter=reverb.rate_limiters.MinSize(1))
-        return [own, replay.demo_table(codec.signature())]
+        own = dataclasses.replace(builder.replay_tables(spec)[0], rate_limit=replay.RateLimit(1))
+        return [own, replay.demo_table(codec.num_bytes)]
 
     loader = demonstrations.Loader(demo_dir, builder, spec)
     return replay.ReplayNode(tables, preload=loader), codec
@@ -142,7 +142,7 @@ def test_loading_writes_one_item_per_step_once_across_restores(demo_dir, tmp_pat
         loaded them (or, `loaded_before` False, by a run without demonstrations)."""
 
         def tables():
-            return [replay.demo_table(codec.signature())]
+            return [replay.demo_table(codec.num_bytes)]
 
         first = replay.ReplayNode(
             tables, checkpoint_dir=checkpoint_dir, preload=loader if loaded_before else None
@@ -229,7 +229,8 @@ def test_sac_learns_from_batches_mixed_with_demonstrations(tmp_path):
     try:
         # Items of its own table, as actor 0's adder writes them: other random episodes.
         own = demonstrations.record("Pendulum-v1", random_torque, episodes=1, seed=1)
-        adder = builder.make_adder(reverb.Client(node.address()), spec, 1, threading.Event())
+        connection = replay.ReverbConnection(reverb.Client(node.address()))
+        adder = builder.make_adder(connection, spec, 1, threading.Event())
         demonstrations.add_episodes(adder, own, source=0)
         adder.close()
         for _ in range(20):

@@ -39,14 +39,14 @@ def _items(codec: replay.ItemCodec, count: int) -> np.ndarray:
 
 
 def _tables():
-    return [replay.uniform_table(TABLE, 100, reverb.rate_limiters.MinSize(1), CODEC.signature())]
+    return [replay.uniform_table(TABLE, 100, replay.RateLimit(1), CODEC.num_bytes)]
 
 
 # ---------------------------------------------------------------- mis-shaped items
 
 
 def test_a_mis_shaped_item_is_rejected_at_insert_naming_the_table_and_shapes():
-    server = reverb.Server(_tables())
+    server = reverb.Server([replay.reverb_table(table) for table in _tables()])
     writer = replay.TransitionWriter(reverb.Client(f"localhost:{server.port}"), TABLE)
     try:
         # Reverb checks every item against the table's signature: the bad item
@@ -65,8 +65,9 @@ def test_a_mis_shaped_item_is_rejected_at_insert_naming_the_table_and_shapes():
 def test_sampled_items_of_another_layout_fail_to_decode_naming_the_table_and_shapes():
     # A table of another agent config or environment (a replay checkpoint of
     # another run): its items are valid for it, but not for this learner's codec.
-    limiter = reverb.rate_limiters.MinSize(1)
-    server = reverb.Server([replay.uniform_table(TABLE, 100, limiter, OTHER_CODEC.signature())])
+    limiter = replay.RateLimit(1)
+    table = replay.uniform_table(TABLE, 100, limiter, OTHER_CODEC.num_bytes)
+    server = reverb.Server([replay.reverb_table(table)])
     address = f"localhost:{server.port}"
     writer = replay.TransitionWriter(reverb.Client(address), TABLE)
     try:

@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 import reverb
-import tensorflow as tf
 
 from gorila_jax import replay, types
 
@@ -30,8 +29,8 @@ CODEC = replay.ItemCodec(types.Transition(*(x[0] for x in _transitions(1))))
 
 
 def _server(limiter, max_size: int = 1000) -> reverb.Server:
-    table = replay.prioritized_table(TABLE, max_size, 0.6, limiter, CODEC.signature())
-    return reverb.Server([table])
+    table = replay.prioritized_table(TABLE, max_size, 0.6, limiter, CODEC.num_bytes)
+    return reverb.Server([replay.reverb_table(table)])
 
 
 def _write(client: reverb.Client, transitions: types.Transition) -> None:
@@ -86,7 +85,7 @@ def test_every_item_carries_the_actor_that_wrote_it_through_encode_and_decode():
 
 @pytest.fixture
 def server():
-    srv = _server(reverb.rate_limiters.MinSize(1))
+    srv = _server(replay.RateLimit(1))
     yield srv
     srv.stop()
 
@@ -201,13 +200,12 @@ def test_scaled_priority_updates_reach_the_table_scaled(server):
 
 
 def test_a_replay_checkpoint_without_source_actors_fails_to_restore_with_the_reason(tmp_path):
-    old_signature = tf.TensorSpec([CODEC.payload_bytes], tf.uint8)  # items before the trailer
+    def tables(item_bytes):
+        limiter = replay.RateLimit(1)
+        return [replay.prioritized_table(TABLE, 100, 0.6, limiter, item_bytes)]
 
-    def tables(signature):
-        limiter = reverb.rate_limiters.MinSize(1)
-        return [replay.prioritized_table(TABLE, 100, 0.6, limiter, signature)]
-
-    old = replay.ReplayNode(lambda: tables(old_signature), checkpoint_dir=str(tmp_path))
+    # Items before the trailer.
+    old = replay.ReplayNode(lambda: tables(CODEC.payload_bytes), checkpoint_dir=str(tmp_path))
     try:
         with reverb.Client(old.address()).trajectory_writer(1) as writer:
             for row in CODEC.encode(_transitions(5))[:, : CODEC.payload_bytes]:
@@ -218,17 +216,17 @@ def test_a_replay_checkpoint_without_source_actors_fails_to_restore_with_the_rea
         old.close()
     with pytest.raises(replay.IncompatibleCheckpoint, match="before items carried the actor"):
         replay.ReplayNode(
-            lambda: tables(CODEC.signature()), checkpoint_dir=str(tmp_path), restore_step=8
+            lambda: tables(CODEC.num_bytes), checkpoint_dir=str(tmp_path), restore_step=8
         )
     # A checkpoint in the current format restores (and says nothing).
-    node = replay.ReplayNode(lambda: tables(CODEC.signature()), checkpoint_dir=str(tmp_path))
+    node = replay.ReplayNode(lambda: tables(CODEC.num_bytes), checkpoint_dir=str(tmp_path))
     try:
         _write(reverb.Client(node.address()), _transitions(5))
         node.checkpoint(step=9)
     finally:
         node.close()
     node = replay.ReplayNode(
-        lambda: tables(CODEC.signature()), checkpoint_dir=str(tmp_path), restore_step=9
+        lambda: tables(CODEC.num_bytes), checkpoint_dir=str(tmp_path), restore_step=9
     )
     try:
         assert node.table_info()[TABLE]["size"] == 5
@@ -248,8 +246,8 @@ def _has_a_route() -> bool:
         probe.close()
 
 
-def _one_table() -> list[reverb.Table]:
-    return [replay.uniform_table(TABLE, 10, reverb.rate_limiters.MinSize(1), CODEC.signature())]
+def _one_table() -> list[replay.TableSpec]:
+    return [replay.uniform_table(TABLE, 10, replay.RateLimit(1), CODEC.num_bytes)]
 
 
 def _serves_its_table(node: replay.ReplayNode) -> bool:

@@ -55,8 +55,8 @@ def _records(path: str):
 
 
 def _tables(max_size: int = 1000):
-    limiter = reverb.rate_limiters.MinSize(1)
-    return [replay.prioritized_table(TABLE, max_size, EXPONENT, limiter, CODEC.signature())]
+    limiter = replay.RateLimit(1)
+    return [replay.prioritized_table(TABLE, max_size, EXPONENT, limiter, CODEC.num_bytes)]
 
 
 def _fill(node: replay.ReplayNode, shard: int, priorities: np.ndarray, first: int = 0) -> None:
@@ -172,20 +172,20 @@ def test_close_waits_for_the_datasets_that_ended_before_it():
 
 
 def _blocking_table():
-    limiter = reverb.rate_limiters.MinSize(1000)
-    return replay.prioritized_table(TABLE, 1000, EXPONENT, limiter, CODEC.signature())
+    limiter = replay.RateLimit(1000)
+    return replay.prioritized_table(TABLE, 1000, EXPONENT, limiter, CODEC.num_bytes)
 
 
 def test_uniform_and_queue_tables_sample_across_shards_too():
     # A uniform table (SAC): every item of the 30 + 90 equally likely, P = 1 / 120.
     def uniform_tables():  # a rate limiter belongs to one table: a new one each time
-        limiter = reverb.rate_limiters.MinSize(1)
-        return [replay.uniform_table(TABLE, 1000, limiter, CODEC.signature())]
+        limiter = replay.RateLimit(1)
+        return [replay.uniform_table(TABLE, 1000, limiter, CODEC.num_bytes)]
 
     uniform = [replay.ReplayNode(uniform_tables) for _ in range(2)]
     # A queue (PPO): each item comes out exactly once, from either shard.
     queues = [
-        replay.ReplayNode(lambda: [replay.queue_table(TABLE, 100, CODEC.signature())])
+        replay.ReplayNode(lambda: [replay.queue_table(TABLE, 100, CODEC.num_bytes)])
         for _ in range(2)
     ]
     try:
@@ -295,15 +295,17 @@ def test_each_shard_keeps_its_share_of_the_tables():
     make_tables = functools.partial(dqn.DQNBuilder(config).replay_tables, spec)
     (whole,) = make_tables()
     (shard,) = replay.shard_tables(make_tables, 4)
-    assert shard.info.max_size == 250
-    assert shard.info.rate_limiter_info.min_size_to_sample == 25
-    assert shard.info.sampler_options == whole.info.sampler_options
-    limits = shard.info.rate_limiter_info
-    assert limits.samples_per_insert == whole.info.rate_limiter_info.samples_per_insert
+    assert shard.max_size == 250
+    assert shard.rate_limit.min_size == 25
+    assert (shard.kind, shard.priority_exponent) == (whole.kind, whole.priority_exponent)
+    limits = shard.rate_limit
+    assert limits.samples_per_insert == whole.rate_limit.samples_per_insert
     assert limits.max_diff - limits.min_diff >= 2 * max(1, limits.samples_per_insert)
-    queue = replay.shard_tables(lambda: [replay.queue_table("q", 64, None)], 4)[0]
-    assert queue.info.max_size == 16 and queue.info.max_times_sampled == 1
-    assert queue.info.rate_limiter_info.max_diff == 16  # a full queue still holds its writers
+    queue = replay.shard_tables(lambda: [replay.queue_table("q", 64, 8)], 4)[0]
+    assert queue.max_size == 16 and queue.kind == replay.QUEUE
+    # Reverb's queue of that size holds its writers once full.
+    built = replay.reverb_table(queue)
+    assert built.info.max_times_sampled == 1 and built.info.rate_limiter_info.max_diff == 16
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ INDEX, PRIORITY = 1, 2  # the columns of `_fill`'s items (shard 0 here)
 
 
 def _tables():
-    limiter = reverb.rate_limiters.MinSize(1)
-    return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, CODEC.signature())]
+    limiter = replay.RateLimit(1)
+    return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, CODEC.num_bytes)]
 
 
 def _tiering(tmp_path, cold_size: int = 1000) -> replay.Tiering:
@@ -168,7 +168,7 @@ def test_a_checkpoint_of_one_kind_of_replay_is_refused_by_the_other(tiered, tmp_
 
 def test_a_queue_table_cannot_be_tiered(tmp_path):
     def queue():
-        return [replay.queue_table(TABLE, 100, CODEC.signature())]
+        return [replay.queue_table(TABLE, 100, CODEC.num_bytes)]
 
     with pytest.raises(ValueError, match="samples each item once"):
         replay.ReplayNode(queue, tiering=_tiering(tmp_path))
@@ -180,8 +180,8 @@ def test_both_tiers_keep_the_samples_per_insert_ratio_together(tmp_path):
     buffer = 60.0  # samples_per_insert 1: within 60 rows of one sample per insert
 
     def tables():
-        limiter = reverb.rate_limiters.SampleToInsertRatio(1.0, 1, buffer)
-        return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, CODEC.signature())]
+        limiter = replay.RateLimit(1, 1.0, buffer)
+        return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, CODEC.num_bytes)]
 
     node = replay.ReplayNode(tables, tiering=_tiering(tmp_path))
     try:
@@ -216,8 +216,8 @@ def test_a_uniform_table_is_sampled_uniformly_over_both_tiers(tmp_path):
     """SAC's table: no priorities to move, every item of either tier equally likely."""
 
     def tables():
-        limiter = reverb.rate_limiters.MinSize(1)
-        return [replay.uniform_table(TABLE, 10_000, limiter, CODEC.signature())]
+        limiter = replay.RateLimit(1)
+        return [replay.uniform_table(TABLE, 10_000, limiter, CODEC.num_bytes)]
 
     node = replay.ReplayNode(tables, tiering=_tiering(tmp_path))
     try:
@@ -240,8 +240,8 @@ WIDE = replay.ItemCodec(np.zeros(512, np.float64))
 
 def test_compressed_cold_items_outnumber_what_the_disk_budget_holds_raw(tmp_path):
     def wide_tables():
-        limiter = reverb.rate_limiters.MinSize(1)
-        return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, WIDE.signature())]
+        limiter = replay.RateLimit(1)
+        return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, WIDE.num_bytes)]
 
     budget = HOT * WIDE.num_bytes  # room for HOT raw items, a quarter of the cold ones
     checkpoints = str(tmp_path / "checkpoints")

@@ -126,8 +126,9 @@ def test_a_writer_follows_a_replay_node_restarted_at_another_address():
     codec = replay.ItemCodec(np.zeros(4, np.float32))
 
     def server():
-        limiter = reverb.rate_limiters.MinSize(1)
-        return reverb.Server([replay.uniform_table("t", 1000, limiter, codec.signature())])
+        limiter = replay.RateLimit(1)
+        table = replay.uniform_table("t", 1000, limiter, codec.num_bytes)
+        return reverb.Server([replay.reverb_table(table)])
 
     old, new = server(), server()
     node = _MovingReplayNode(f"localhost:{old.port}")

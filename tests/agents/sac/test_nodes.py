@@ -48,7 +48,8 @@ def _env_steps(seed: int, count: int) -> list[types.EnvStep]:
 
 
 def _fill(builder: sac.SACBuilder, address: str, steps: list[types.EnvStep]) -> None:
-    adder = builder.make_adder(reverb.Client(address), SPEC, NUM_ENVS, threading.Event())
+    connection = replay.ReverbConnection(reverb.Client(address))
+    adder = builder.make_adder(connection, SPEC, NUM_ENVS, threading.Event())
     for step in steps:
         adder.add(step)
     # close() confirms every item first: without that the table once held 34 of 40.

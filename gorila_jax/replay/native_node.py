@@ -1,0 +1,287 @@
+"""The native backend's replay node: an agent's tables in one process, with checkpoints.
+
+Its clients call it through the program's node client: under the local
+launcher a plain method call in the same process (a learner's sample is the
+rows themselves, nothing serialized), under Ray an actor call whose numpy
+rows travel through Ray's object store, under a restart the program client
+waits for the replacement. No server, no port, no TensorFlow.
+"""
+
+import logging
+import os
+import shutil
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import psutil
+
+from gorila_jax.replay import api, manifest, native_table
+
+_SCRATCH = ".native"
+
+
+def _table_file(name: str) -> str:
+    return f"table-{name}.npz"
+
+
+def check_memory(specs: Sequence[api.TableSpec]) -> None:
+    """Raises MemoryError, with the numbers, if the tables that allocate up front need more
+    memory than the host has available."""
+    needed = sum(spec.max_size * spec.item_bytes for spec in specs if not spec.grows)
+    available = psutil.virtual_memory().available
+    if needed > available:
+        tables = ", ".join(
+            f"{spec.name}: {spec.max_size:,} items x {spec.item_bytes:,} bytes"
+            for spec in specs
+            if not spec.grows
+        )
+        raise MemoryError(
+            f"the replay's tables need {needed / 2**30:.1f} GiB ({tables}) and this host has "
+            f"{available / 2**30:.1f} GiB available: lower --config.max_replay_size, store "
+            "observations compactly (--config.replay_obs_dtype), or shard the replay over hosts"
+        )
+
+
+class NativeReplayNode:
+    """Hosts the tables an agent's builder declares, as numpy arrays in this process.
+
+    Args:
+      make_tables: returns the agent's tables (`api.TableSpec`s).
+      checkpoint_dir: where `checkpoint` writes (absolute); None: no checkpoints.
+      restore_step: start from the checkpoint taken at this learner step;
+        `manifest.NEWEST`: from the newest intact one (empty if there is none),
+        as a replay node restarted after a crash does.
+      preload: called with a connection to this node once its tables exist
+        (after any restore), to write what the run starts with (demonstrations).
+      seed: of the tables' sampling draws (None: from the OS).
+
+    Raises:
+      MemoryError: the tables cannot fit in this host's memory.
+      manifest.IncompatibleCheckpoint: the checkpoint was written by Reverb, or holds
+        items of another width.
+    """
+
+    def __init__(
+        self,
+        make_tables: Callable[[], Sequence[api.TableSpec]],
+        checkpoint_dir: str | None = None,
+        restore_step: int | None = None,
+        preload: Callable[[api.Connection], Any] | None = None,
+        seed: int | None = None,
+    ):
+        specs = list(make_tables())
+        check_memory(specs)
+        rng = np.random.default_rng(seed)
+        self._tables = {
+            spec.name: native_table.NativeTable(spec, int(rng.integers(1 << 62))) for spec in specs
+        }
+        self._checkpoint_dir = checkpoint_dir
+        self._checkpoint_lock = threading.Lock()
+        if checkpoint_dir is None and restore_step not in (None, manifest.NEWEST):
+            raise ValueError("restore_step needs a checkpoint_dir")
+        if checkpoint_dir is not None and restore_step == manifest.NEWEST:
+            restore_step = manifest.newest_intact_checkpoint(checkpoint_dir)
+        elif checkpoint_dir is None:
+            restore_step = None
+        self._restored: dict[str, Any] = {"step": restore_step, "table_sizes": {}}
+        if restore_step is not None:
+            self._restore(os.path.join(checkpoint_dir, str(restore_step)), restore_step)
+        if preload is not None:
+            preload(NativeConnection(self))
+
+    def _restore(self, path: str, step: int) -> None:
+        sizes = manifest.check_checkpoint(path)
+        manifest.check_backend(path, api.NATIVE)
+        for name, table in self._tables.items():
+            file = os.path.join(path, _table_file(name))
+            if not os.path.exists(file):
+                raise manifest.IncompatibleCheckpoint(
+                    f"replay checkpoint {path} has no table {name!r} (it holds "
+                    f"{sorted(sizes)}): it is a checkpoint of another agent"
+                )
+            with np.load(file) as state:
+                width = state["items"].shape[1]
+                if width != table.spec.item_bytes:
+                    raise manifest.IncompatibleCheckpoint(
+                        f"replay checkpoint {path}: table {name!r} holds items of {width} bytes, "
+                        f"this run's agent writes {table.spec.item_bytes}: it is a checkpoint of "
+                        "another agent config or environment"
+                    )
+                table.load(dict(state))
+        self._restored["table_sizes"] = {name: t.info()["size"] for name, t in self._tables.items()}
+        logging.warning(
+            "replay: restored the checkpoint of learner step %d, tables %s",
+            step,
+            self._restored["table_sizes"],
+        )
+
+    def _table(self, name: str) -> native_table.NativeTable:
+        try:
+            return self._tables[name]
+        except KeyError:
+            raise KeyError(
+                f"no replay table {name!r}; this node has {sorted(self._tables)}"
+            ) from None
+
+    # ------------------------------------------------------------ what clients call
+
+    def endpoint(self) -> api.Endpoint:
+        return api.Endpoint(api.NATIVE)
+
+    def address(self) -> str:
+        """Where the node runs, for messages (its clients call the node, not an address)."""
+        return f"native:{os.uname().nodename}:{os.getpid()}"
+
+    def insert(
+        self, table: str, items: np.ndarray, priorities: np.ndarray, timeout_s: float
+    ) -> int:
+        """`NativeTable.insert`: how many of the items went in within `timeout_s`."""
+        return self._table(table).insert(items, priorities, timeout_s)
+
+    def sample(self, table: str, count: int, timeout_s: float) -> api.Sample | None:
+        """`NativeTable.sample`: `count` rows, or None if the rate limiter held them back."""
+        return self._table(table).sample(count, timeout_s)
+
+    def update_priorities(self, table: str, keys: np.ndarray, priorities: np.ndarray) -> int:
+        """New priorities of the items `keys` still held; returns how many were."""
+        return self._table(table).update(keys, priorities)
+
+    def table_info(self) -> dict[str, dict[str, float]]:
+        """Per table: size, inserts, samples, samples_per_insert, slack (as Reverb's node)."""
+        return {name: table.info() for name, table in self._tables.items()}
+
+    def restored_from(self) -> dict[str, Any]:
+        """{"step": the checkpoint restored (None: started empty), "table_sizes": its sizes}."""
+        return dict(self._restored)
+
+    def cold_tier(self) -> None:
+        return None  # no tiered storage in this backend (refused by the run's settings)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def checkpoint(self, step: int) -> dict[str, Any]:
+        """Writes every table (items oldest first, priorities, rate-limiter counts) as learner
+        step `step`: into a scratch directory, manifest last, then renamed to
+        `<checkpoint_dir>/<step>`, so a partial one never carries a step's name.
+
+        Returns:
+          {"path": the checkpoint's directory, "table_sizes": {table: items}}.
+        """
+        if self._checkpoint_dir is None:
+            raise RuntimeError("this replay node was built without a checkpoint_dir")
+        with self._checkpoint_lock:
+            scratch = os.path.join(self._checkpoint_dir, _SCRATCH, str(time.time_ns()))
+            os.makedirs(scratch)
+            try:
+                sizes = {}
+                for name, table in self._tables.items():
+                    state = table.state()
+                    sizes[name] = len(state["items"])
+                    np.savez(os.path.join(scratch, _table_file(name)), **state)
+                manifest.write_manifest(scratch, sizes, api.NATIVE)
+                final = os.path.join(self._checkpoint_dir, str(step))
+                if os.path.exists(final):
+                    shutil.rmtree(final)
+                os.rename(scratch, final)
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+        return {"path": final, "table_sizes": sizes}
+
+    def keep_checkpoints(self, steps: Sequence[int]) -> None:
+        """Deletes the checkpoints of every step not in `steps`."""
+        manifest.keep_checkpoints(self._checkpoint_dir, steps)
+
+    def close(self) -> None:
+        for table in self._tables.values():
+            table.close()
+
+
+class NativeConnection:
+    """An actor's connection to a native replay node (`api.Connection`).
+
+    Args:
+      node: the node, or a program client of it (any launcher's).
+    """
+
+    def __init__(self, node: Any):
+        self.node = node
+
+    def writer(
+        self, table: str, max_pending: int = 32, stop_event: threading.Event | None = None
+    ) -> "NativeWriter":
+        return NativeWriter(self.node, table, max_pending, stop_event)
+
+    def table_size(self, table: str) -> int:
+        return int(self.node.table_info()[table]["size"])
+
+
+class NativeWriter:
+    """Inserts items into a native node's table, `max_pending` at a time (`api.Writer`).
+
+    Items wait here until `max_pending` have been written, then go in one
+    call: under Ray one actor call per group, not per item. The table's rate
+    limiter holds a call back; the writer asks again every `timeout_s` until
+    all went in, or its stop event is set (`api.Stopped`).
+    """
+
+    def __init__(
+        self,
+        node: Any,
+        table: str,
+        max_pending: int = 32,
+        stop_event: threading.Event | None = None,
+        timeout_s: float = 0.5,
+    ):
+        self._node, self._table = node, table
+        self._max_pending, self._timeout_s = max_pending, timeout_s
+        self._stop_event = stop_event or threading.Event()
+        self._items: list[np.ndarray] = []
+        self._priorities: list[np.ndarray] = []
+        self._pending = 0
+        self.items_lost = 0  # none: a restarted node's client resends the call
+
+    def write(self, items: np.ndarray, priorities: np.ndarray) -> None:
+        self._items.append(np.asarray(items))
+        self._priorities.append(np.asarray(priorities, np.float64).reshape(-1))
+        self._pending += len(items)
+        if self._pending >= self._max_pending:
+            self.flush()
+
+    def flush(self) -> None:
+        """Inserts every item written; raises `api.Stopped` if stopped while held back."""
+        if not self._pending:
+            return
+        items = np.concatenate(self._items) if len(self._items) > 1 else self._items[0]
+        priorities = np.concatenate(self._priorities)
+        done = 0
+        while done < len(items):
+            done += self._node.insert(self._table, items[done:], priorities[done:], self._timeout_s)
+            if done < len(items) and self._stop_event.is_set():
+                self._keep(items[done:], priorities[done:])
+                raise api.Stopped()
+        self._keep(items[:0], priorities[:0])
+
+    def _keep(self, items: np.ndarray, priorities: np.ndarray) -> None:
+        self._items, self._priorities = ([items], [priorities]) if len(items) else ([], [])
+        self._pending = len(items)
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        except api.Stopped:
+            pass
+
+
+class NativePriorities:
+    """What `priority_updates.PriorityUpdater` sends a shard's new priorities through."""
+
+    def __init__(self, node: Any):
+        self._node = node
+
+    def mutate_priorities(self, table: str, updates: dict[int, float]) -> None:
+        keys = np.fromiter(updates.keys(), np.uint64, len(updates))
+        priorities = np.fromiter(updates.values(), np.float64, len(updates))
+        self._node.update_priorities(table, keys, priorities)
