@@ -59,7 +59,8 @@ from gorila_jax.replay.sharded import (
     assigned_shard,
     shard_tables,
 )
-from gorila_jax.replay.tiers import COLD_CHECKPOINT, TierMetrics, Tiering, spill_table
+from gorila_jax.replay.tiering import COLD_CHECKPOINT, Tiering, spill_table
+from gorila_jax.replay.tiers import TierMetrics
 from gorila_jax.replay.tables import prioritized_table, queue_table, rate_limiter, uniform_table
 from gorila_jax.replay.reverb_writer import ReverbConnection, TransitionWriter
 from gorila_jax.replay.writers import (

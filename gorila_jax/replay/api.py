@@ -191,6 +191,7 @@ class Sample(NamedTuple):
       data: [n, item_bytes] uint8 the packed items.
       mass: the table's sampling mass then: sum of priority ** alpha for a
         prioritized table, its size otherwise (what K shards are split by).
+      cold: [n] bool the rows a tiered table drew from its cold tier; None: untiered.
     """
 
     keys: np.ndarray
@@ -198,6 +199,7 @@ class Sample(NamedTuple):
     table_size: int
     data: np.ndarray
     mass: float
+    cold: np.ndarray | None = None
 
 
 class Batch(NamedTuple):

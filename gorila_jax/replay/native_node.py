@@ -7,6 +7,7 @@ rows travel through Ray's object store, under a restart the program client
 waits for the replacement. No server, no port, no TensorFlow.
 """
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -17,7 +18,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import psutil
 
-from gorila_jax.replay import api, manifest, native_table
+from gorila_jax.replay import api, cold, manifest, native_table
+from gorila_jax.replay import tiering as tiering_lib
 
 _SCRATCH = ".native"
 
@@ -44,6 +46,28 @@ def check_memory(specs: Sequence[api.TableSpec]) -> None:
         )
 
 
+def _hot_tier(spec: api.TableSpec, tiering: tiering_lib.Tiering) -> api.TableSpec:
+    """The tiered table cut to its hot tier; sampling starts once the hot tier holds the
+    minimum size, or is full."""
+    limit = spec.rate_limit
+    if limit is not None:
+        limit = dataclasses.replace(limit, min_size=min(limit.min_size, tiering.hot_size))
+    return dataclasses.replace(spec, max_size=tiering.hot_size, rate_limit=limit)
+
+
+def _cold_store(spec: api.TableSpec, tiering: tiering_lib.Tiering | None) -> cold.ColdStore | None:
+    if tiering is None or spec.name != tiering.table:
+        return None
+    return cold.ColdStore(
+        tiering.cold_dir,
+        tiering.cold_size,
+        spec.item_bytes,
+        spec.priority_exponent,
+        tiering.cold_bytes,
+        tiering.cold_compression,
+    )
+
+
 class NativeReplayNode:
     """Hosts the tables an agent's builder declares, as numpy arrays in this process.
 
@@ -55,6 +79,8 @@ class NativeReplayNode:
         as a replay node restarted after a crash does.
       preload: called with a connection to this node once its tables exist
         (after any restore), to write what the run starts with (demonstrations).
+      tiering: keep the sampled table's older items in a cold tier on disk
+        (`tiering.Tiering`; `native_table.NativeTable` says how); None: all in memory.
       seed: of the tables' sampling draws (None: from the OS).
 
     Raises:
@@ -69,13 +95,21 @@ class NativeReplayNode:
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
         preload: Callable[[api.Connection], Any] | None = None,
+        tiering: tiering_lib.Tiering | None = None,
         seed: int | None = None,
     ):
         specs = list(make_tables())
+        if tiering is not None:
+            tiering.sampled_spec(specs)  # raises for a table that cannot be tiered
+            specs = [_hot_tier(s, tiering) if s.name == tiering.table else s for s in specs]
         check_memory(specs)
         rng = np.random.default_rng(seed)
+        self._tiering = tiering
         self._tables = {
-            spec.name: native_table.NativeTable(spec, int(rng.integers(1 << 62))) for spec in specs
+            spec.name: native_table.NativeTable(
+                spec, int(rng.integers(1 << 62)), _cold_store(spec, tiering)
+            )
+            for spec in specs
         }
         self._checkpoint_dir = checkpoint_dir
         self._checkpoint_lock = threading.Lock()
@@ -94,6 +128,7 @@ class NativeReplayNode:
     def _restore(self, path: str, step: int) -> None:
         sizes = manifest.check_checkpoint(path)
         manifest.check_backend(path, api.NATIVE)
+        tiering_lib.check_tiers_match(path, self._tiering)
         for name, table in self._tables.items():
             file = os.path.join(path, _table_file(name))
             if not os.path.exists(file):
@@ -109,6 +144,9 @@ class NativeReplayNode:
                         f"this run's agent writes {table.spec.item_bytes}: it is a checkpoint of "
                         "another agent config or environment"
                     )
+                if table.cold is not None:
+                    table.cold.restore(os.path.join(path, tiering_lib.COLD_CHECKPOINT))
+                    self._restored["cold_items"] = table.cold.size
                 table.load(dict(state))
         self._restored["table_sizes"] = {name: t.info()["size"] for name, t in self._tables.items()}
         logging.warning(
@@ -156,8 +194,32 @@ class NativeReplayNode:
         """{"step": the checkpoint restored (None: started empty), "table_sizes": its sizes}."""
         return dict(self._restored)
 
-    def cold_tier(self) -> None:
-        return None  # no tiered storage in this backend (refused by the run's settings)
+    def cold_tier(self) -> dict[str, Any] | None:
+        """{"table": the tiered table, "prioritized": whether its priorities matter}; None:
+        not tiered."""
+        if self._tiering is None:
+            return None
+        return {"table": self._tiering.table, "prioritized": self._tiered().spec.prioritized}
+
+    def _tiered(self) -> native_table.NativeTable:
+        if self._tiering is None:
+            raise RuntimeError("this replay node has no cold tier (it was built without tiering)")
+        return self._tables[self._tiering.table]
+
+    def tier_info(self) -> dict[str, float]:
+        """Items and bytes per tier and cold rows read (as Reverb's node; `moved`: evicted
+        into the cold tier, `spill_items` 0: evicted items move in the insert itself)."""
+        table = self._tiered()
+        hot_items = table.info()["size"]
+        return {
+            "hot_items": hot_items,
+            "hot_bytes": hot_items * table.spec.item_bytes,
+            "spill_items": 0,
+            "cold_items": table.cold.size,
+            "cold_bytes": table.cold.bytes,
+            "cold_reads": table.cold.reads,
+            "moved": table.moved,
+        }
 
     # ------------------------------------------------------------ checkpoints
 
@@ -177,7 +239,7 @@ class NativeReplayNode:
             try:
                 sizes = {}
                 for name, table in self._tables.items():
-                    state = table.state()
+                    state = table.state(os.path.join(scratch, tiering_lib.COLD_CHECKPOINT))
                     sizes[name] = len(state["items"])
                     np.savez(os.path.join(scratch, _table_file(name)), **state)
                 manifest.write_manifest(scratch, sizes, api.NATIVE)
@@ -197,6 +259,8 @@ class NativeReplayNode:
     def close(self) -> None:
         for table in self._tables.values():
             table.close()
+            if table.cold is not None:
+                table.cold.close()
 
 
 class NativeConnection:

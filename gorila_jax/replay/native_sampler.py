@@ -30,6 +30,9 @@ class NativeSampler:
       timeout_s: how long one shard's rate limiter may hold a sample back before
         `batches` ends (the caller calls it again to go on, as with Reverb's).
       content_hashes: batches carry their items' content hashes (needs `codec`).
+      cold_shards: the shards whose table is tiered, in order: a row shard k drew from its
+        cold tier is labelled K + (k's place here), as the Reverb backend's cold streams
+        are (`tiers.TierMetrics` counts them; their priorities go to that shard's node).
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class NativeSampler:
         stop: threading.Event | None = None,
         timeout_s: float = 1.0,
         content_hashes: bool = False,
+        cold_shards: Sequence[int] = (),
     ):
         if content_hashes and codec is None:
             raise ValueError("content hashes need packed items: give the sampler their codec")
@@ -48,6 +52,7 @@ class NativeSampler:
         self._stop = stop or threading.Event()
         self._timeout_s, self._content_hashes = timeout_s, content_hashes
         self._rng = np.random.default_rng(seed)
+        self._cold_label = {shard: len(self._nodes) + i for i, shard in enumerate(cold_shards)}
         self._masses: list[float | None] = [None] * len(self._nodes)
         self._sizes = [0] * len(self._nodes)
         # Rows a shard gave for a batch that another shard then held back: the next one's.
@@ -127,7 +132,10 @@ class NativeSampler:
                 share = 1.0 if total_mass is None else self._masses[shard] / total_mass
                 probabilities.append(part.probabilities * share)
                 data.append(part.data)
-                shards.append(np.full(len(part.keys), shard, np.int32))
+                labels = np.full(len(part.keys), shard, np.int32)
+                if part.cold is not None and shard in self._cold_label:
+                    labels[part.cold] = self._cold_label[shard]
+                shards.append(labels)
         rows = np.concatenate(data) if len(data) > 1 else data[0]
         count = len(rows)
         codec = self._codec
@@ -136,7 +144,7 @@ class NativeSampler:
             probabilities=np.concatenate(probabilities),
             table_size=np.full(count, sum(self._sizes), np.int64),
             data=rows if codec is None else codec.decode(rows, self._table),
-            shards=np.concatenate(shards) if self.num_shards > 1 else None,
+            shards=np.concatenate(shards) if self.num_shards > 1 or self._cold_label else None,
             sources=None if codec is None else codec.sources(rows, self._table),
             hashes=codec.content_hashes(rows, self._table) if self._content_hashes else None,
         )
@@ -151,3 +159,12 @@ class NativeSampler:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _rows(sample: api.Sample, rows: slice) -> api.Sample:
+    return sample._replace(
+        keys=sample.keys[rows],
+        probabilities=sample.probabilities[rows],
+        data=sample.data[rows],
+        cold=None if sample.cold is None else sample.cold[rows],
+    )

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from gorila_jax.replay import api, sum_tree
+from gorila_jax.replay import api, cold, sum_tree
 
 # Keys are (nonce << _POSITION_BITS) + position: a node restarted from a checkpoint
 # gives its items new keys, so a learner's update for an item the restart lost
@@ -28,13 +28,29 @@ _FIRST_ROWS = 1024  # what a growing table allocates first
 class NativeTable:
     """A replay table as `api.TableSpec` declares it, in this process's memory.
 
+    With a cold tier (a tiered replay, `tiering.Tiering`), the table is the hot
+    tier: an item it evicts goes to `cold` with its current priority, in the
+    insert that evicts it, and a sample draws from both tiers in proportion to
+    their mass, as one replay holding every item: probabilities p**alpha /
+    (M_hot + M_cold), the table size hot + cold, and the rate limiter counting
+    the samples of both. Cold items' keys are the cold store's, below 2**40,
+    apart from the hot items'.
+
     Args:
-      spec: the table.
+      spec: the table (for a hot tier: cut to the hot size).
       seed: of the sampling draws (None: from the OS).
+      cold: the cold tier; None: every item in memory.
     """
 
-    def __init__(self, spec: api.TableSpec, seed: int | None = None):
+    def __init__(
+        self,
+        spec: api.TableSpec,
+        seed: int | None = None,
+        cold_tier: cold.ColdStore | None = None,
+    ):
         self.spec = spec
+        self.cold = cold_tier
+        self.moved = 0  # items evicted into the cold tier
         self._rng = np.random.default_rng(seed)
         self._nonce = int(self._rng.integers(1, 1 << (64 - _POSITION_BITS - 1)))
         rows = min(spec.max_size, _FIRST_ROWS) if spec.grows else spec.max_size
@@ -108,7 +124,15 @@ class NativeTable:
         return max(below_min, by_ratio - self._inserts, 0)
 
     def _put(self, items: np.ndarray, priorities: np.ndarray) -> None:
+        # In pieces of at most the capacity: each piece evicts what the previous left.
+        for start in range(0, len(items), self.spec.max_size):
+            stop = start + self.spec.max_size
+            self._put_piece(items[start:stop], priorities[start:stop])
+
+    def _put_piece(self, items: np.ndarray, priorities: np.ndarray) -> None:
         count = len(items)
+        if self.cold is not None:
+            self._spill(count)
         self._grow(self._next + count)
         slots = (self._next + np.arange(count)) % self.spec.max_size
         self._rows[slots] = items
@@ -118,6 +142,15 @@ class NativeTable:
         self._next += count
         self._inserts += count
         self._size = min(self._size + count, self.spec.max_size)
+
+    def _spill(self, count: int) -> None:
+        """Moves the items that inserting `count` more will evict to the cold tier."""
+        evicted = min(self._size + count - self.spec.max_size, self._size)
+        if evicted <= 0:
+            return
+        slots = (self._oldest() + np.arange(evicted)) % self.spec.max_size
+        self.cold.add(self._rows[slots], self._priorities[slots])
+        self.moved += evicted
 
     def _grow(self, positions: int) -> None:
         """Allocates rows up to `positions` (doubling) for a table that grows."""
@@ -162,6 +195,30 @@ class NativeTable:
         return self._next - self._size
 
     def _draw(self, count: int) -> api.Sample:
+        if self.cold is None or self.cold.size == 0:
+            return self._draw_hot(count)
+        hot_mass, cold_mass = self._hot_mass(), self.cold.mass
+        from_cold = int(self._rng.binomial(count, cold_mass / (hot_mass + cold_mass)))
+        hot = self._draw_hot(count - from_cold)
+        drawn = self.cold.sample(from_cold, self._rng)
+        total = hot_mass + cold_mass
+        return api.Sample(
+            keys=np.concatenate([hot.keys, drawn.keys]),
+            probabilities=np.concatenate(
+                [hot.probabilities * (hot_mass / total), drawn.probabilities * (cold_mass / total)]
+            ),
+            table_size=hot.table_size + self.cold.size,
+            data=np.concatenate([hot.data, drawn.data]),
+            mass=total,
+            cold=np.arange(len(hot.keys) + len(drawn.keys)) >= len(hot.keys),
+        )
+
+    def _hot_mass(self) -> float:
+        if self._tree is not None and self._tree.total > 0:
+            return self._tree.total
+        return float(self._size)
+
+    def _draw_hot(self, count: int) -> api.Sample:
         size, oldest = self._size, self._oldest()
         if self.spec.kind == api.QUEUE:
             positions = oldest + np.arange(count)
@@ -193,7 +250,8 @@ class NativeTable:
         """New priorities of the items `keys` still held; returns how many were.
 
         Items evicted since they were sampled, and keys of an earlier life of
-        the node, are skipped; of repeated keys the last priority wins.
+        the node, are skipped; of repeated keys the last priority wins. Keys of
+        the cold tier go to it.
         """
         if self._tree is None:
             return 0
@@ -201,13 +259,17 @@ class NativeTable:
         priorities = np.asarray(priorities, np.float64).reshape(-1)
         with self._lock:
             nonce = keys >> np.uint64(_POSITION_BITS)
+            cold_updated = 0
+            if self.cold is not None and (nonce == 0).any():
+                in_cold = nonce == 0
+                cold_updated = self.cold.update(keys[in_cold], priorities[in_cold])
             positions = (keys & np.uint64((1 << _POSITION_BITS) - 1)).astype(np.int64)
             held = (nonce == self._nonce) & (positions >= self._oldest()) & (positions < self._next)
             held &= np.isfinite(priorities) & (priorities >= 0)
             slots = positions[held] % self.spec.max_size
             self._priorities[slots] = priorities[held]
             self._tree.set(slots, priorities[held] ** self.spec.priority_exponent)
-            return int(held.sum())
+            return int(held.sum()) + cold_updated
 
     def info(self) -> dict[str, float]:
         """What Reverb's server info gives of a table (`ReplayNode.table_info`)."""
@@ -229,9 +291,12 @@ class NativeTable:
 
     # ------------------------------------------------------------ checkpoints
 
-    def state(self) -> dict[str, np.ndarray]:
-        """The held items oldest first, their priorities and the rate limiter's counts."""
+    def state(self, cold_path: str | None = None) -> dict[str, np.ndarray]:
+        """The held items oldest first, their priorities and the rate limiter's counts; and
+        the cold tier's record written to `cold_path`, at the same instant."""
         with self._lock:
+            if self.cold is not None:
+                self.cold.checkpoint(cold_path)
             slots = (self._oldest() + np.arange(self._size)) % self.spec.max_size
             return {
                 "items": self._rows[slots],

@@ -13,6 +13,7 @@ import tensorflow as tf
 from reverb.cc.checkpointing import checkpoint_pb2
 
 from gorila_jax.replay import api, codec, manifest, reverb_tables, reverb_writer, tiers
+from gorila_jax.replay import tiering as tiering_lib
 from gorila_jax.replay.manifest import IncompatibleCheckpoint
 
 
@@ -116,7 +117,7 @@ class ReplayNode:
         `gorila_jax.demonstrations.Loader`, which skips a table a restored
         checkpoint already filled).
       tiering: keep the sampled table's older items in a cold tier on disk
-        (`tiers.Tiering`, gorila_jax/replay/tiers.py); None: all in memory.
+        (`tiering.Tiering`, gorila_jax/replay/tiers.py); None: all in memory.
 
     Raises:
       PortInUse: `port` is taken by another process.
@@ -130,7 +131,7 @@ class ReplayNode:
         restore_step: int | None = None,
         any_port_if_taken: bool = False,
         preload: Callable[[api.Connection], Any] | None = None,
-        tiering: tiers.Tiering | None = None,
+        tiering: tiering_lib.Tiering | None = None,
     ):
         self._checkpoint_dir = checkpoint_dir
         self._tiers: tiers.TierMover | None = None
@@ -144,14 +145,17 @@ class ReplayNode:
                 restore_path = os.path.join(checkpoint_dir, str(restore_step))
                 expected_sizes = manifest.check_checkpoint(restore_path)
                 manifest.check_backend(restore_path, api.REVERB)
-                _check_tiers_match(restore_path, tiering)
+                tiering_lib.check_tiers_match(restore_path, tiering)
             checkpointer = _checkpointer(checkpoint_dir, restore_path)
         elif restore_step is not None and restore_step != manifest.NEWEST:
             raise ValueError("restore_step needs a checkpoint_dir")
         else:
             restore_step = None  # NEWEST without checkpoints: an empty replay
-        agent_tables = [reverb_tables.make_table(spec) for spec in make_tables()]
-        tables = agent_tables if tiering is None else tiering.tables(agent_tables)
+        specs = list(make_tables())
+        if tiering is not None:
+            tiering.sampled_spec(specs)  # raises for a table that cannot be tiered
+        agent_tables = [reverb_tables.make_table(spec) for spec in specs]
+        tables = agent_tables if tiering is None else tiers.reverb_tables(tiering, agent_tables)
         signatures = {table.info.name: table.info.signature for table in tables}
         if port is not None:
             try:
@@ -326,20 +330,6 @@ class ReplayNode:
         if self._tiers is not None:
             self._tiers.close()  # its mover samples the server: it ends first
         self._server.stop()
-
-
-def _check_tiers_match(path: str, tiering: "tiers.Tiering | None") -> None:
-    """Raises IncompatibleCheckpoint if the checkpoint at `path` is tiered and the run is not,
-    or the other way round: either would lose the items of one tier."""
-    has_cold = os.path.exists(os.path.join(path, tiers.COLD_CHECKPOINT))
-    if has_cold == (tiering is not None):
-        return
-    held, asked = ("a tiered", "without one") if has_cold else ("an in-memory", "with tiers")
-    raise IncompatibleCheckpoint(
-        f"replay checkpoint {path} holds {held} replay and this run asks {asked} "
-        "(--replay_cold_dir, config.hot_replay_size): resume it as it was taken, or start "
-        "the run afresh"
-    )
 
 
 def _checkpointer(

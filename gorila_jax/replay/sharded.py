@@ -93,7 +93,12 @@ class ReplayShards:
         batch from the demonstration table on the first shard (`mixing.MixedSampler`)."""
         if self.backend == api.NATIVE:
             own = native_sampler.NativeSampler(
-                self.nodes, table, codec, stop=stop, content_hashes=content_hashes
+                self.nodes,
+                table,
+                codec,
+                stop=stop,
+                content_hashes=content_hashes,
+                cold_shards=sorted(self.cold_tiers(table)),
             )
             demos = native_sampler.NativeSampler(
                 self.nodes[:1], mixing.DEMO_TABLE, codec, stop=stop, content_hashes=content_hashes
@@ -132,10 +137,12 @@ class ReplayShards:
     def priority_updater(self, table: str) -> priority_updates.PriorityUpdater:
         """Sends priorities to the shard of each item, at the address each serves at now,
         and to the tier that holds it (streams K.. are the shards' cold tiers, as sampled)."""
-        if self.backend == api.NATIVE:
-            clients = [native_node.NativePriorities(node) for node in self.nodes]
-            return priority_updates.PriorityUpdater(clients, table)
         cold = self.cold_tiers(table)
+        if self.backend == api.NATIVE:
+            # A tiered shard's node routes each key to the tier that holds it.
+            shards = list(self.nodes) + [self.nodes[shard] for shard in sorted(cold)]
+            clients = [native_node.NativePriorities(node) for node in shards]
+            return priority_updates.PriorityUpdater(clients, table)
         clients = [server.ReplayClient(node) for node in self.nodes]
         clients += [tiers.ColdPriorities(self.nodes[shard]) for shard in cold]
         noted = {shard: self.nodes[shard] for shard, tier in cold.items() if tier["prioritized"]}

@@ -1,4 +1,5 @@
-"""A tiered replay (the design brief, 2.1): the newest items in Reverb, older ones on local disk.
+"""The Reverb backend's tiered replay (`tiering.Tiering`): the newest items in Reverb, older
+ones on local disk.
 
 The sampled table keeps `hot_size` items in memory (the hot tier, Reverb's
 own table, FIFO removal). Every item is also created in a spill queue beside
@@ -42,7 +43,6 @@ that an item is in exactly one of spill and cold in the pair.
 """
 
 import collections
-import dataclasses
 import logging
 import math
 import os
@@ -54,9 +54,8 @@ import numpy as np
 import reverb
 
 from gorila_jax.replay import codec, cold, shard_streams
+from gorila_jax.replay.tiering import COLD_CHECKPOINT, Tiering, spill_table
 
-_SPILL_SUFFIX = "/spill"
-COLD_CHECKPOINT = "cold.npz"
 # Items the mover takes out of the spill queue per call (a Reverb sample call each).
 _MOVE_ROWS = 512
 _MOVE_PERIOD_S = 0.02
@@ -66,93 +65,27 @@ _MIN_SPILL_SLACK = 256
 _PLACEHOLDER_SOURCE = -3
 
 
-def spill_table(table: str) -> str:
-    """The name of `table`'s spill queue."""
-    return table + _SPILL_SUFFIX
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiering:
-    """How one replay (or one of its shards) is tiered.
-
-    Args:
-      table: the agent's sampled table, the one that is tiered.
-      hot_size: items the hot tier (the Reverb table) holds.
-      cold_size: items the cold tier holds.
-      cold_dir: the cold tier's directory on the replay node's host.
-      cold_bytes: disk the cold tier's items may take; 0: `cold_size` items
-        uncompressed.
-      cold_compression: how cold items are stored, one of `cold.COMPRESSIONS`.
-    """
-
-    table: str
-    hot_size: int
-    cold_size: int
-    cold_dir: str
-    cold_bytes: int = 0
-    cold_compression: str = "none"
-
-    def __post_init__(self):
-        if self.hot_size < 1 or self.cold_size < 1:
-            raise ValueError(
-                f"a tiered replay needs hot and cold sizes >= 1, got {self.hot_size} and "
-                f"{self.cold_size}"
-            )
-        if self.cold_bytes < 0:
-            raise ValueError(f"a cold tier's disk budget must be >= 0, got {self.cold_bytes}")
-        if self.cold_compression not in cold.COMPRESSIONS:
-            raise ValueError(
-                f"unknown cold replay compression {self.cold_compression!r}; choose one of "
-                f"{cold.COMPRESSIONS}"
-            )
-
-    def for_shard(self, shard: int, num_shards: int) -> "Tiering":
-        """Shard `shard`'s tiers: 1/K of each size, in a directory of its own."""
-        if num_shards == 1:
-            return self
-        return Tiering(
-            self.table,
-            math.ceil(self.hot_size / num_shards),
-            math.ceil(self.cold_size / num_shards),
-            os.path.join(self.cold_dir, f"shard{shard}"),
-            self.cold_bytes // num_shards,
-            self.cold_compression,
-        )
-
-    def tables(self, tables: Sequence[reverb.Table]) -> list[reverb.Table]:
-        """The agent's tables with the sampled one cut to the hot tier, and its spill queue.
-
-        Raises:
-          ValueError: the sampled table is missing or is a queue (each item sampled once:
-            an on-policy agent's, which has no old items to keep).
-        """
-        tables = list(tables)
-        sampled = [table for table in tables if table.name == self.table]
-        if not sampled:
-            raise ValueError(
-                f"a tiered replay needs table {self.table!r}; the agent declares "
-                f"{[table.name for table in tables]}"
-            )
-        info = sampled[0].info
-        if info.max_times_sampled == 1:
-            raise ValueError(
-                f"table {self.table!r} samples each item once (an on-policy queue): it has no "
-                "old items to keep on disk; a tiered replay is for off-policy agents"
-            )
-        limits = info.rate_limiter_info
-        hot = sampled[0].replace(
-            max_size=self.hot_size,
-            rate_limiter=reverb.rate_limiters.RateLimiter(
-                samples_per_insert=limits.samples_per_insert,
-                min_size_to_sample=min(limits.min_size_to_sample, self.hot_size),
-                min_diff=limits.min_diff,
-                max_diff=float("inf"),  # the mover holds inserts back (module docstring)
-            ),
-        )
-        spill = reverb.Table.queue(
-            spill_table(self.table), self.hot_size + _spill_slack(limits), signature=info.signature
-        )
-        return [hot if table.name == self.table else table for table in tables] + [spill]
+def reverb_tables(tiering: Tiering, tables: Sequence[reverb.Table]) -> list[reverb.Table]:
+    """The agent's tables (checked by `Tiering.sampled_spec`) with the sampled one cut to the
+    hot tier, and its spill queue."""
+    tables = list(tables)
+    info = next(table.info for table in tables if table.name == tiering.table)
+    limits = info.rate_limiter_info
+    hot = next(table for table in tables if table.name == tiering.table).replace(
+        max_size=tiering.hot_size,
+        rate_limiter=reverb.rate_limiters.RateLimiter(
+            samples_per_insert=limits.samples_per_insert,
+            min_size_to_sample=min(limits.min_size_to_sample, tiering.hot_size),
+            min_diff=limits.min_diff,
+            max_diff=float("inf"),  # the mover holds inserts back (module docstring)
+        ),
+    )
+    spill = reverb.Table.queue(
+        spill_table(tiering.table),
+        tiering.hot_size + _spill_slack(limits),
+        signature=info.signature,
+    )
+    return [hot if table.name == tiering.table else table for table in tables] + [spill]
 
 
 def _spill_slack(limits: Any) -> int:

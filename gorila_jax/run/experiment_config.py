@@ -98,7 +98,7 @@ class ExperimentConfig:
         False, "learner", "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."
     )
     replay_backend: str = setting(
-        replay.REVERB,
+        replay.NATIVE,
         "replay",
         "The replay backend: reverb (a Reverb server per shard) or native (numpy tables in "
         "the replay node's process, no TensorFlow; gorila_jax/replay/api.py, docs/replay.md).",
@@ -470,17 +470,6 @@ class ExperimentConfig:
     def _check_replay(self) -> None:
         """Replay shards need a writer each and ports below 65536; what the native backend
         does not do is refused."""
-        if self.replay_backend == replay.NATIVE and self.replay_port:
-            raise ValueError(
-                f"replay_port={self.replay_port} is the Reverb server's port; the native replay "
-                "serves through its node's client and has none (leave it at 0, or "
-                "--replay=reverb)"
-            )
-        if self.replay_backend == replay.NATIVE and self.launcher == "launchpad":
-            raise ValueError(
-                "replay=native has not been verified under launcher=launchpad yet; use "
-                "--replay=reverb there"
-            )
         if self.num_replay_shards > self.num_actors:
             raise ValueError(
                 f"num_replay_shards={self.num_replay_shards} exceeds num_actors="
@@ -493,6 +482,12 @@ class ExperimentConfig:
                 f"the shards' ports replay_port .. replay_port + {self.num_replay_shards - 1} "
                 "must stay below 65536"
             )
+        if self.replay_backend == replay.NATIVE and self.replay_port:
+            raise ValueError(
+                f"replay_port={self.replay_port} is the Reverb server's port; the native replay "
+                "serves through its node's client and has none (leave it at 0, or "
+                "--replay=reverb)"
+            )
 
     def replay_tiering(self, builder: Any) -> replay.Tiering | None:
         """The tiers of the agent's replay (`builder.replay_tiers`, in the cold directory);
@@ -502,11 +497,6 @@ class ExperimentConfig:
           ValueError: --replay_cold_dir for a replay that is not tiered.
         """
         sizes = builder.replay_tiers
-        if sizes is not None and self.replay_backend == replay.NATIVE:
-            raise ValueError(
-                "a tiered replay (config.hot_replay_size) needs --replay=reverb: the native "
-                "replay keeps every item in memory"
-            )
         if sizes is None:
             cold_settings = dict(
                 replay_cold_dir=self.replay_cold_dir,

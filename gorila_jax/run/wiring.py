@@ -312,19 +312,14 @@ def add_replay_shards(
     first_tables, preload = make_tables, None
     if cfg.demos:
         first_tables, preload = demonstrations.first_shard(make_tables, cfg.demos, builder, spec)
+    tiering = cfg.replay_tiering(builder)
+    tiers = [tiering and tiering.for_shard(shard, num_shards) for shard in range(num_shards)]
     if cfg.replay_backend == replay.NATIVE:
         # Each shard draws from its own seed: shards' samples are independent.
         node_options = [{"seed": cfg.seed * num_shards + shard} for shard in range(num_shards)]
     else:
-        tiering, ports = cfg.replay_tiering(builder), reverb_ports(cfg)
-        node_options = [
-            {
-                "port": port,
-                "any_port_if_taken": not cfg.replay_port,
-                "tiering": tiering and tiering.for_shard(shard, num_shards),
-            }
-            for shard, port in enumerate(ports)
-        ]
+        ports = reverb_ports(cfg)
+        node_options = [{"port": port, "any_port_if_taken": not cfg.replay_port} for port in ports]
     handles = []
     with program.group(
         program_lib.role_group("replay", role), program_lib.Resources(cfg.replay_cpus)
@@ -342,6 +337,7 @@ def add_replay_shards(
                 ),
                 restore_step=restore_step,
                 preload=preload if shard == 0 else None,
+                tiering=tiers[shard],
                 **options,
             )
             handles.append(handle)

@@ -279,7 +279,7 @@ def test_downweighting_needs_a_prioritized_table(tmp_path):
     cartpole, pendulum = envs.env_spec("CartPole-v1"), envs.env_spec("Pendulum-v1")
     # PPO's queue and SAC's uniform table have no priorities to lower.
     for builder, spec, sampler in (
-        (ppo.PPOBuilder(ppo.PPOConfig()), cartpole, "fifo"),
+        (ppo.PPOBuilder(ppo.PPOConfig()), cartpole, "queue"),
         (sac.SACBuilder(sac.SACConfig()), pendulum, "uniform"),
     ):
         tables = builder.replay_tables(spec)

@@ -31,13 +31,21 @@ CODEC = replay.ItemCodec(np.zeros(3, np.float64))
 
 def saved_shard_use(logdir, step: int, table: str, initial_priority: float) -> list[dict]:
     """What each replay shard's checkpoint at learner step `step` says of the run, read
-    from Reverb's files (no server, so no rate limiter to wait on): items inserted and
-    sampled (Reverb keeps the rate limiter's counts), and items whose priority a learner
-    set (any other than `initial_priority`, the one actors write)."""
+    from the backend's files (no server, so no rate limiter to wait on): items inserted and
+    sampled (both backends keep the rate limiter's counts), and items whose priority a
+    learner set (any other than `initial_priority`, the one actors write)."""
     found = []
     for directory in checkpoint.saved_replay_dirs(str(logdir)):
         path = os.path.join(directory, str(step))
         use = {"shard_dir": directory, "inserts": 0, "samples": 0, "updated_priorities": 0}
+        if replay.checkpoint_backend(path) == replay.NATIVE:
+            with np.load(os.path.join(path, f"table-{table}.npz")) as saved:
+                inserts, samples = saved["counts"].tolist()
+                updated = int(np.sum(saved["priorities"] != initial_priority))
+            found.append(
+                {**use, "inserts": inserts, "samples": samples, "updated_priorities": updated}
+            )
+            continue
         for record in _records(os.path.join(path, "tables.tfrecord")):
             saved = checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
             if saved.table_name == table:
@@ -59,11 +67,11 @@ def _tables(max_size: int = 1000):
     return [replay.prioritized_table(TABLE, max_size, EXPONENT, limiter, CODEC.num_bytes)]
 
 
-def _fill(node: replay.ReplayNode, shard: int, priorities: np.ndarray, first: int = 0) -> None:
+def _fill(node, shard: int, priorities: np.ndarray, first: int = 0) -> None:
     """Writes items of `priorities`, numbered from `first` on, through the actors' writer."""
     count = len(priorities)
     items = np.stack([np.full(count, shard), first + np.arange(count), priorities], axis=1)
-    writer = replay.TransitionWriter(reverb.Client(node.address()), TABLE)
+    writer = replay.connect(node).writer(TABLE)
     try:
         writer.write(CODEC.encode(items), priorities)
         writer.flush()

@@ -1,10 +1,11 @@
-"""A tiered replay on real Reverb servers and real files: new items in memory, old ones on disk."""
+"""A tiered replay on real files, on both backends (Reverb servers, native nodes): new items in
+memory, old ones on disk."""
 
+import threading
 import time
 
 import numpy as np
 import pytest
-import reverb
 
 from gorila_jax import replay
 from tests.gorila_jax.test_sharded_replay import CODEC, EXPONENT, TABLE, _fill
@@ -50,12 +51,18 @@ def _batches(
     return found
 
 
+@pytest.fixture(params=replay.BACKENDS)
+def node_class(request):
+    """The replay node of each backend."""
+    return replay.node_class(request.param)
+
+
 @pytest.fixture
-def tiered(tmp_path):
+def tiered(tmp_path, node_class):
     nodes = []
 
     def start(**kwargs):
-        node = replay.ReplayNode(_tables, tiering=_tiering(tmp_path), **kwargs)
+        node = node_class(_tables, tiering=_tiering(tmp_path), **kwargs)
         nodes.append(node)
         return node
 
@@ -156,9 +163,9 @@ def test_a_restarted_replay_node_comes_back_with_both_tiers(tiered, tmp_path):
     assert _settled(restarted, 4 * HOT)["cold_items"] == 4 * HOT
 
 
-def test_a_checkpoint_of_one_kind_of_replay_is_refused_by_the_other(tiered, tmp_path):
+def test_a_checkpoint_of_one_kind_of_replay_is_refused_by_the_other(tiered, tmp_path, node_class):
     checkpoints = str(tmp_path / "checkpoints")
-    node = replay.ReplayNode(_tables, checkpoint_dir=checkpoints)
+    node = node_class(_tables, checkpoint_dir=checkpoints)
     _write(node, np.ones(10))
     node.checkpoint(1)
     node.close()
@@ -166,17 +173,18 @@ def test_a_checkpoint_of_one_kind_of_replay_is_refused_by_the_other(tiered, tmp_
         tiered(checkpoint_dir=checkpoints, restore_step=1)
 
 
-def test_a_queue_table_cannot_be_tiered(tmp_path):
+def test_a_queue_table_cannot_be_tiered(tmp_path, node_class):
     def queue():
         return [replay.queue_table(TABLE, 100, CODEC.num_bytes)]
 
     with pytest.raises(ValueError, match="samples each item once"):
-        replay.ReplayNode(queue, tiering=_tiering(tmp_path))
+        node_class(queue, tiering=_tiering(tmp_path))
 
 
-def test_both_tiers_keep_the_samples_per_insert_ratio_together(tmp_path):
+def test_reverbs_tiers_keep_the_samples_per_insert_ratio_together(tmp_path):
     """Samples of either tier count against one ratio: the learner cannot out-sample it by
-    drawing cold rows, and a lagging learner holds the mover, then the actors, back."""
+    drawing cold rows, and a lagging learner holds the mover, then the actors, back (the
+    native table keeps one ratio over both tiers by construction: the next test)."""
     buffer = 60.0  # samples_per_insert 1: within 60 rows of one sample per insert
 
     def tables():
@@ -212,14 +220,14 @@ def test_both_tiers_keep_the_samples_per_insert_ratio_together(tmp_path):
         node.close()
 
 
-def test_a_uniform_table_is_sampled_uniformly_over_both_tiers(tmp_path):
+def test_a_uniform_table_is_sampled_uniformly_over_both_tiers(tmp_path, node_class):
     """SAC's table: no priorities to move, every item of either tier equally likely."""
 
     def tables():
         limiter = replay.RateLimit(1)
         return [replay.uniform_table(TABLE, 10_000, limiter, CODEC.num_bytes)]
 
-    node = replay.ReplayNode(tables, tiering=_tiering(tmp_path))
+    node = node_class(tables, tiering=_tiering(tmp_path))
     try:
         assert node.cold_tier() == {"table": TABLE, "prioritized": False}
         _write(node, np.arange(1.0, 4 * HOT + 1))  # priorities a uniform table ignores
@@ -234,11 +242,41 @@ def test_a_uniform_table_is_sampled_uniformly_over_both_tiers(tmp_path):
         node.close()
 
 
+def test_native_tiers_count_both_tiers_samples_in_one_ratio(tmp_path):
+    """spi 1, min size 1, error buffer 60: without samples, inserts stop at 1 + 60 = 61;
+    then samples of either tier may run until inserts * 1 - samples = 1 - 60."""
+
+    def tables():
+        limiter = replay.RateLimit(1, 1.0, 60.0)
+        return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, CODEC.num_bytes)]
+
+    node = replay.NativeReplayNode(tables, tiering=_tiering(tmp_path))
+    try:
+        stop = threading.Event()
+        writer = replay.connect(node).writer(TABLE, max_pending=1, stop_event=stop)
+        threading.Timer(2.0, stop.set).start()
+        items = np.stack([np.zeros(100), np.arange(100), np.ones(100)], axis=1)
+        with pytest.raises(replay.Stopped):
+            writer.write(CODEC.encode(items), np.ones(100))
+        assert node.table_info()[TABLE]["inserts"] == 61
+        assert node.tier_info()["cold_items"] == 61 - HOT
+        sampler = replay.ReplayShards(node).sampler(TABLE, CODEC)
+        try:
+            batches = list(sampler.batches(1))
+        finally:
+            sampler.close()
+        assert len(batches) == 61 + 60 - 1
+        assert sum(int(batch.shards[0] == 1) for batch in batches) > 0, "cold rows counted"
+        assert node.table_info()[TABLE]["samples"] == len(batches)
+    finally:
+        node.close()
+
+
 # Rows of 4 KB: (shard, index, priority) and zeros, as image rows are mostly alike.
 WIDE = replay.ItemCodec(np.zeros(512, np.float64))
 
 
-def test_compressed_cold_items_outnumber_what_the_disk_budget_holds_raw(tmp_path):
+def test_compressed_cold_items_outnumber_what_the_disk_budget_holds_raw(tmp_path, node_class):
     def wide_tables():
         limiter = replay.RateLimit(1)
         return [replay.prioritized_table(TABLE, 10_000, EXPONENT, limiter, WIDE.num_bytes)]
@@ -248,9 +286,9 @@ def test_compressed_cold_items_outnumber_what_the_disk_budget_holds_raw(tmp_path
     tiering = replay.Tiering(TABLE, HOT, 1000, str(tmp_path / "cold"), budget, "zlib")
     items = np.zeros((5 * HOT, 512))
     items[:, INDEX], items[:, PRIORITY] = np.arange(5 * HOT), 1.0
-    node = replay.ReplayNode(wide_tables, tiering=tiering, checkpoint_dir=checkpoints)
+    node = node_class(wide_tables, tiering=tiering, checkpoint_dir=checkpoints)
     try:
-        writer = replay.TransitionWriter(reverb.Client(node.address()), TABLE)
+        writer = replay.connect(node).writer(TABLE)
         writer.write(WIDE.encode(items), items[:, PRIORITY])
         writer.close()
         info = _settled(node, 4 * HOT)
@@ -259,7 +297,7 @@ def test_compressed_cold_items_outnumber_what_the_disk_budget_holds_raw(tmp_path
         node.checkpoint(3)
     finally:
         node.close()
-    node = replay.ReplayNode(
+    node = node_class(
         wide_tables, tiering=tiering, checkpoint_dir=checkpoints, restore_step=replay.NEWEST
     )
     try:

@@ -8,6 +8,7 @@ pickles into the nodes that hold a handle of the node it calls.
 
 import concurrent.futures
 import signal
+import pickle
 import threading
 import traceback
 from typing import Any
@@ -57,13 +58,15 @@ class NodeHost(base.HostedNode):
         """Ends `run` (and with it the node's process under `local_mp`)."""
         self._exit.set()
 
-    def call(self, method: str, args: tuple, kwargs: dict) -> tuple[bool, Any]:
+    def call(self, method: str, arguments: bytes) -> tuple[bool, Any]:
         """(True, result) of the node's `method`, or (False, the exception it raised).
 
-        Courier would turn the node's exception into one of its own; carried
-        back as a value, the caller gets the node's own exception type.
+        `arguments` is the pickled (args, kwargs) (`LaunchpadClient`). Courier
+        would turn the node's exception into one of its own; carried back as a
+        value, the caller gets the node's own exception type.
         """
         try:
+            args, kwargs = pickle.loads(arguments)
             return True, getattr(self._get(), method)(*args, **kwargs)
         except Exception as error:  # noqa: BLE001  re-raised by the client
             return False, error
@@ -107,6 +110,13 @@ def host_client(address: str, timeout_s: float | None = None, probe: bool = Fals
     return courier.Client(address, call_timeout=timeout_s, wait_for_ready=not probe)
 
 
+def _pickled(args: tuple, kwargs: dict) -> bytes:
+    """A call's arguments as one pickle: courier (dm-launchpad 0.5.2, numpy 1.26) never
+    returns from a call that passes a numpy array as an argument (results pass), and the
+    native replay's writers and learners pass rows and priorities."""
+    return pickle.dumps((args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 class LaunchpadClient(program_lib.Client):
     """Calls a node hosted by a `NodeHost` over courier; picklable (name and address only).
 
@@ -128,7 +138,7 @@ class LaunchpadClient(program_lib.Client):
         return self._courier
 
     def _call(self, method: str, args: tuple, kwargs: dict) -> Any:
-        ok, value = self._host().call(method, args, kwargs)
+        ok, value = self._host().call(method, _pickled(args, kwargs))
         if not ok:
             raise value
         return value
@@ -147,5 +157,5 @@ class LaunchpadClient(program_lib.Client):
             else:
                 outer.set_exception(value)
 
-        self._host().futures.call(method, args, kwargs).add_done_callback(settle)
+        self._host().futures.call(method, _pickled(args, kwargs)).add_done_callback(settle)
         return outer

@@ -1,0 +1,100 @@
+"""How a replay is tiered (the design brief, 2.1): the newest items in memory, older ones on
+local disk. Each backend keeps the tiers its own way (tiers.py for Reverb, native_table.py)."""
+
+import dataclasses
+import math
+import os
+from typing import Sequence
+
+from gorila_jax.replay import api, cold, manifest
+
+COLD_CHECKPOINT = "cold.npz"
+_SPILL_SUFFIX = "/spill"
+
+
+def spill_table(table: str) -> str:
+    """The name of `table`'s spill queue."""
+    return table + _SPILL_SUFFIX
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiering:
+    """How one replay (or one of its shards) is tiered.
+
+    Args:
+      table: the agent's sampled table, the one that is tiered.
+      hot_size: items the hot tier (the Reverb table) holds.
+      cold_size: items the cold tier holds.
+      cold_dir: the cold tier's directory on the replay node's host.
+      cold_bytes: disk the cold tier's items may take; 0: `cold_size` items
+        uncompressed.
+      cold_compression: how cold items are stored, one of `cold.COMPRESSIONS`.
+    """
+
+    table: str
+    hot_size: int
+    cold_size: int
+    cold_dir: str
+    cold_bytes: int = 0
+    cold_compression: str = "none"
+
+    def __post_init__(self):
+        if self.hot_size < 1 or self.cold_size < 1:
+            raise ValueError(
+                f"a tiered replay needs hot and cold sizes >= 1, got {self.hot_size} and "
+                f"{self.cold_size}"
+            )
+        if self.cold_bytes < 0:
+            raise ValueError(f"a cold tier's disk budget must be >= 0, got {self.cold_bytes}")
+        if self.cold_compression not in cold.COMPRESSIONS:
+            raise ValueError(
+                f"unknown cold replay compression {self.cold_compression!r}; choose one of "
+                f"{cold.COMPRESSIONS}"
+            )
+
+    def for_shard(self, shard: int, num_shards: int) -> "Tiering":
+        """Shard `shard`'s tiers: 1/K of each size, in a directory of its own."""
+        if num_shards == 1:
+            return self
+        return Tiering(
+            self.table,
+            math.ceil(self.hot_size / num_shards),
+            math.ceil(self.cold_size / num_shards),
+            os.path.join(self.cold_dir, f"shard{shard}"),
+            self.cold_bytes // num_shards,
+            self.cold_compression,
+        )
+
+    def sampled_spec(self, tables: Sequence[api.TableSpec]) -> api.TableSpec:
+        """The agent's table that is tiered.
+
+        Raises:
+          ValueError: it is missing, or is a queue (each item sampled once: an on-policy
+            agent's, which has no old items to keep).
+        """
+        sampled = [table for table in tables if table.name == self.table]
+        if not sampled:
+            raise ValueError(
+                f"a tiered replay needs table {self.table!r}; the agent declares "
+                f"{[table.name for table in tables]}"
+            )
+        if sampled[0].kind == api.QUEUE:
+            raise ValueError(
+                f"table {self.table!r} samples each item once (an on-policy queue): it has no "
+                "old items to keep on disk; a tiered replay is for off-policy agents"
+            )
+        return sampled[0]
+
+
+def check_tiers_match(path: str, tiering: Tiering | None) -> None:
+    """Raises IncompatibleCheckpoint if the checkpoint at `path` is tiered and the run is not,
+    or the other way round: either would lose the items of one tier."""
+    has_cold = os.path.exists(os.path.join(path, COLD_CHECKPOINT))
+    if has_cold == (tiering is not None):
+        return
+    held, asked = ("a tiered", "without one") if has_cold else ("an in-memory", "with tiers")
+    raise manifest.IncompatibleCheckpoint(
+        f"replay checkpoint {path} holds {held} replay and this run asks {asked} "
+        "(--replay_cold_dir, config.hot_replay_size): resume it as it was taken, or start "
+        "the run afresh"
+    )
