@@ -5,7 +5,8 @@ For each seed, one after the other on this machine:
       venv: seconds from the command's start until the mean `episodic_return` of its last
       20 training episodes first reaches 475;
   (b) ours, the default DQN CartPole-v1 command under `local` plus only flags that do not
-      change learning (`--logdir`, `--log_interval_s=1`): seconds from the command's start
+      change learning (`--logdir`, `--log_interval_s=1`, and `--replay` if `--ours_replay` gives it: the
+      replay backend, the same sampling rule either way): seconds from the command's start
       until (i) the first 10-episode greedy evaluation >= 475 and (ii) the first 100-episode
       training mean >= 475.
 Each run stops once its criteria are met (ours by SIGINT: it checkpoints and exits) or at
@@ -58,6 +59,9 @@ _CLEANRL_PYTHON = flags.DEFINE_string(
 _SEEDS = flags.DEFINE_list("seeds", ["1", "2"], "Seeds; each runs CleanRL, then ours.")
 _MAX_SECONDS = flags.DEFINE_float("max_seconds", 600.0, "Longest a single run may go on.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Logs and logdirs; unset: a new temp dir.")
+_REPLAY = flags.DEFINE_enum(
+    "ours_replay", None, ["native", "reverb"], "Ours' --replay backend; unset: the default."
+)
 
 # global_step=2814, episodic_return=[500.]  (gymnasium 0.29 prints the return as an array)
 _CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?\s*([-+\d.eE]+)\s*\]?")
@@ -281,6 +285,8 @@ def run_ours(seed: int, workdir: str) -> dict[str, Any]:
         sys.executable, "-u", "-m", "launch.train", "--agent=dqn", "--env=CartPole-v1",
         "--launcher=local", f"--seed={seed}", f"--logdir={logdir}", "--log_interval_s=1",
     ]  # fmt: skip
+    if _REPLAY.value:
+        command.append(f"--replay={_REPLAY.value}")
     watch = OursWatch()
     log = os.path.join(workdir, f"ours-{seed}.log")
     run = stream(

@@ -1,4 +1,4 @@
-"""DQN learns CartPole-v1 through the whole program: actors, Reverb, learner, evaluator.
+"""DQN learns CartPole-v1 through the whole program: actors, replay, learner, evaluator.
 
 These are the slow tests that prove the core claim; each has a fixed seed, runs a
 bounded budget to its end (no `stop_at_eval_return`: a run that solves and
@@ -36,10 +36,12 @@ def _cartpole(
 
 
 @pytest.mark.slow
-def test_dqn_solves_cartpole_and_holds_it_to_the_end_of_its_budget(tmp_path):
+@pytest.mark.parametrize("replay_backend", ["native", "reverb"])
+def test_dqn_solves_cartpole_and_holds_it_to_the_end_of_its_budget(tmp_path, replay_backend):
     # The whole preset budget, no early stop: a policy that reaches 475 and
-    # falls back later (the late collapses before LayerNorm) fails here.
-    builder, exp = _cartpole(tmp_path, launcher="local")
+    # falls back later (the late collapses before LayerNorm) fails here. On both replay
+    # backends: every other learning test runs on the default one (native).
+    builder, exp = _cartpole(tmp_path, launcher="local", replay_backend=replay_backend)
     summary = experiment.run_experiment(builder, exp)
     _assert_solved_at_the_end(summary, exp)
     _assert_run_files(tmp_path, summary)

@@ -142,7 +142,7 @@ class ExperimentConfig:
     num_replay_shards: int = setting(
         1,
         "replay",
-        "Reverb servers (K, at most num_actors) the replay is split over; actor i writes to "
+        "Replay nodes (K, at most num_actors) the replay is split over; actor i writes to "
         "shard i % K, learners sample across all by priority mass (gorila_jax/replay/sharded.py).",
         check=POSITIVE,
     )

@@ -157,12 +157,17 @@ def test_grid_points_are_the_product_of_the_values_with_readable_names():
 
 @pytest.mark.slow
 def test_a_failed_run_is_reported_and_the_sweep_goes_on_then_exits_non_zero(tmp_path):
-    # A replay port another process holds passes every check and fails at launch.
+    # A Reverb replay port another process holds passes every check and fails at launch.
     with socket.socket() as busy:
         busy.bind(("", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        result = _sweep(tmp_path, "--seeds=1", f"--grid=replay_port={port},0")
+        result = _sweep(
+            tmp_path,
+            "--seeds=1",
+            f"--grid=replay_port={port},0",
+            train_flags=(*TINY_RUN, "--replay=reverb"),
+        )
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"[replay_port={port} seed=0] failed with exit code 1" in result.stdout
     assert "already in use" in result.stdout  # the last lines of the run's console.log
