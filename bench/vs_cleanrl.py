@@ -5,8 +5,9 @@ For each seed, one after the other on this machine:
       venv: seconds from the command's start until the mean `episodic_return` of its last
       20 training episodes first reaches 475;
   (b) ours, the default DQN CartPole-v1 command under `local` plus only flags that do not
-      change learning (`--logdir`, `--log_interval_s=1`, and `--replay` if `--ours_replay` gives it: the
-      replay backend, the same sampling rule either way): seconds from the command's start
+      change learning (`--logdir`, `--log_interval_s=1`, and `--replay` if `--ours_replay`
+      gives it: the replay backend, the same sampling rule either way): seconds from the
+      command's start
       until (i) the first 10-episode greedy evaluation >= 475 and (ii) the first 100-episode
       training mean >= 475.
 Each run stops once its criteria are met (ours by SIGINT: it checkpoints and exits) or at

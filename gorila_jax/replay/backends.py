@@ -20,6 +20,7 @@ def connect(node: Any, endpoint: api.Endpoint | None = None) -> api.Connection:
     the node's `endpoint()` returned, if asked already)."""
     endpoint = endpoint or node.endpoint()
     if endpoint.backend == api.NATIVE:
-        return native_node.NativeConnection(node)
+        remote = endpoint.address != native_node.process_address()
+        return native_node.NativeConnection(node, remote=remote and hasattr(node, "futures"))
     # A ReplayClient: the writer finds a Reverb node restarted at another address.
     return reverb_writer.ReverbConnection(server.ReplayClient(node, endpoint.address))
