@@ -3,8 +3,9 @@
 Measures, each alone and in this run:
   (a) raw envpool stepping with vectorized random actions (same env, envs, threads);
   (b) the bare jitted policy on observation batches of the same shape;
-  (c) inserting the same transitions into Reverb through the writer the actor uses;
-then (d) one actor node doing all three. Prints every rate and
+  (c) inserting the same transitions into the replay through the writer the actor uses;
+then (d) one actor node doing all three; (c) and (d) for each replay backend (`--replays`,
+native and Reverb one after the other). Prints every rate and
 ratio = d * (1/a + 1/b + 1/c): the actor's rate over doing the three one after
 another (1.0 = no overhead; above 1 = the stages overlap). Last line: JSON.
 
@@ -23,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-import reverb  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
@@ -38,6 +38,7 @@ _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
 _NUM_ENVS = flags.DEFINE_integer("num_envs", 8, "Envs in the actor's envpool.")
 _THREADS = flags.DEFINE_integer("env_threads", 1, "envpool threads, as --env_threads_per_actor.")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
+_REPLAYS = flags.DEFINE_list("replays", ["native", "reverb"], "Replay backends to measure.")
 
 
 def bare_policy(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
@@ -66,9 +67,11 @@ def _real_transitions(spec: types.EnvSpec, num_envs: int, n: int, discount: floa
     return batches
 
 
-def reverb_inserts(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
-    server = reverb.Server([replay.reverb_table(t) for t in builder.replay_tables(spec)])
-    writer = replay.TransitionWriter(reverb.Client(f"localhost:{server.port}"), dqn.builder.TABLE)
+def replay_inserts(
+    builder, spec: types.EnvSpec, num_envs: int, seconds: float, backend: str
+) -> float:
+    node = replay.node_class(backend)(functools.partial(builder.replay_tables, spec))
+    writer = replay.connect(node).writer(dqn.builder.TABLE)
     cfg, codec = builder.config, builder.item_codec(spec)
     batches = _real_transitions(spec, num_envs, cfg.n_step, cfg.discount)
     written, calls, start = 0, 0, time.perf_counter()
@@ -79,16 +82,18 @@ def reverb_inserts(builder, spec: types.EnvSpec, num_envs: int, seconds: float) 
     writer.flush()
     rate = written / (time.perf_counter() - start)
     writer.close()
-    server.stop()
+    node.close()
     return rate
 
 
-def actor_node(builder, spec: types.EnvSpec, num_envs: int, threads: int, seconds: float) -> float:
+def actor_node(
+    builder, spec: types.EnvSpec, num_envs: int, threads: int, seconds: float, backend: str
+) -> float:
     """One ActorNode with a real replay and learner; the learner never steps."""
     graph = program.Program("actor-bench")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            replay.ReplayNode, functools.partial(builder.replay_tables, spec)
+            replay.node_class(backend), functools.partial(builder.replay_tables, spec)
         )
     with graph.group("learner"):
         learner_node = graph.add_node(learner.LearnerNode, builder, spec, replay_node, None, 0)
@@ -121,35 +126,34 @@ def main(argv):
     del argv
     spec = envs.env_spec(_ENV.value)
     config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
-    # A table that never rate-limits within the measurement: all inserts stay in stage 1.
-    config = dataclasses.replace(config, min_replay_size=10**7, max_replay_size=10**7)
+    # A table that never rate-limits within the measurement (inserts below the minimum
+    # size never wait): all inserts stay in stage 1. 1 GiB of items: FIFO past that.
+    item_bytes = dqn.DQNBuilder(config).item_codec(spec).num_bytes
+    capacity = min(10**7, 2**30 // item_bytes)
+    config = dataclasses.replace(config, min_replay_size=10**7, max_replay_size=capacity)
     builder = dqn.DQNBuilder(config)
     num_envs, seconds = _NUM_ENVS.value, _SECONDS.value
     a = timing.raw_envpool(spec, num_envs, _THREADS.value, seconds)
     b = bare_policy(builder, spec, num_envs, seconds)
-    c = reverb_inserts(builder, spec, num_envs, seconds)
-    d = actor_node(builder, spec, num_envs, _THREADS.value, seconds)
-    ratio = d * (1 / a + 1 / b + 1 / c)
     print(f"(a) raw envpool          {a:12,.0f} env steps/s")
     print(f"(b) bare jitted policy   {b:12,.0f} observations/s")
-    print(f"(c) Reverb inserts       {c:12,.0f} transitions/s")
-    print(f"(d) actor node           {d:12,.0f} env steps/s")
-    print(f"ratio d*(1/a+1/b+1/c)    {ratio:12.2f}")
-    print(
-        json.dumps(
-            {
-                "bench": "actor_throughput",
-                "env": spec.env_id,
-                "num_envs": num_envs,
-                "env_threads": _THREADS.value,
-                "raw_envpool_steps_per_s": a,
-                "policy_obs_per_s": b,
-                "reverb_inserts_per_s": c,
-                "actor_env_steps_per_s": d,
-                "ratio": ratio,
-            }
-        )
-    )
+    found = {
+        "bench": "actor_throughput",
+        "env": spec.env_id,
+        "num_envs": num_envs,
+        "env_threads": _THREADS.value,
+        "raw_envpool_steps_per_s": a,
+        "policy_obs_per_s": b,
+    }
+    for backend in _REPLAYS.value:
+        c = replay_inserts(builder, spec, num_envs, seconds, backend)
+        d = actor_node(builder, spec, num_envs, _THREADS.value, seconds, backend)
+        ratio = d * (1 / a + 1 / b + 1 / c)
+        print(f"(c) {backend:6s} inserts      {c:12,.0f} transitions/s")
+        print(f"(d) actor node, {backend:6s} {d:12,.0f} env steps/s")
+        print(f"ratio d*(1/a+1/b+1/c)    {ratio:12.2f}", flush=True)
+        found[backend] = {"inserts_per_s": c, "actor_env_steps_per_s": d, "ratio": ratio}
+    print(json.dumps(found))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """How much the learner node loses on top of the update and the sampling it cannot avoid.
 
-Measures, each alone and in this run, at each batch size:
+Measures, each alone and in this run, at each batch size and for each replay backend
+(`--replays`, native and Reverb one after the other):
   (a) the bare pmapped update on a batch already in device memory;
-  (b) Reverb dataset sampling of batches of that size, with prefetch;
-then (c) learner-node updates per second fed from a filled Reverb table,
+  (b) sampling batches of that size from the replay node (the learner's sampler);
+then (c) learner-node updates per second fed from the filled replay node,
 priority updates on. All three count updates: with the preset's
 `updates_per_dispatch` K, (a) and (c) run K updates per device call and (b)
 samples K batches' rows at once, as the node does. Prints all and
@@ -27,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
-import reverb  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
@@ -46,6 +46,7 @@ _PRECISION = flags.DEFINE_enum(
 )
 _ITEMS = flags.DEFINE_integer("items", 20_000, "Transitions in the table.")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
+_REPLAYS = flags.DEFINE_list("replays", list(replay.BACKENDS), "Replay backends to measure.")
 
 
 def _random_transitions(spec: types.EnvSpec, count: int, seed: int = 0) -> types.Transition:
@@ -107,19 +108,16 @@ def _batch_sizes(values: list[str]) -> list[int]:
     return sizes
 
 
-def measure(config, spec, address: str, seconds: float) -> dict:
-    """(a), (b) and (c) at `config.batch_size`, from the table at `address`."""
+def measure(config, spec, replay_node, seconds: float) -> dict:
+    """(a), (b) and (c) at `config.batch_size`, from the filled `replay_node`."""
     builder = dqn.DQNBuilder(config)
     updates = builder.updates_per_dispatch
     a = bare_update(builder, spec, config.batch_size, seconds)
-    batches = replay.batches(
-        address, dqn.builder.TABLE, config.batch_size * updates, builder.item_codec(spec)
-    )
+    sampler = replay.ReplayShards(replay_node).sampler(dqn.builder.TABLE, builder.item_codec(spec))
+    batches = sampler.batches(config.batch_size * updates)
     b = _rate(lambda: next(batches), seconds) * updates
-    replay_handle = type(
-        "Replay", (), {"address": lambda self: address, "cold_tier": lambda self: None}
-    )()
-    node = learner.LearnerNode(builder, spec, replay_handle, None, seed=0)
+    sampler.close()
+    node = learner.LearnerNode(builder, spec, replay_node, None, seed=0)
     # node.step returns once the update is dispatched; fetching the published
     # parameters waits for the last one, so only finished updates count.
     c = _rate(functools.partial(node.step, timeout=60.0), seconds, drain=node.get_params)
@@ -131,7 +129,7 @@ def measure(config, spec, address: str, seconds: float) -> dict:
         f"(a) bare update          {a:10,.1f} updates/s (batch {config.batch_size}, "
         f"{config.precision}, {jax.local_device_count()} device(s), {updates} per call)"
     )
-    print(f"(b) Reverb sampling      {b:10,.1f} batches/s (sampled {updates} at once)")
+    print(f"(b) replay sampling      {b:10,.1f} batches/s (sampled {updates} at once)")
     print(f"(c) learner node         {c:10,.1f} updates/s (priority updates on)")
     print(f"ratio c/min(a,b)         {ratio:10.2f}", flush=True)
     return {
@@ -159,19 +157,21 @@ def main(argv):
     builder = dqn.DQNBuilder(config)
     # A table without the samples-per-insert limit: we measure the learner, not the ratio.
     table = dataclasses.replace(builder.replay_tables(spec)[0], rate_limit=replay.RateLimit(1))
-    server = reverb.Server([replay.reverb_table(table)])
-    address = f"localhost:{server.port}"
-    writer = replay.TransitionWriter(reverb.Client(address), dqn.builder.TABLE)
     codec = builder.item_codec(spec)
-    for start in range(0, _ITEMS.value, 1000):
-        count = min(1000, _ITEMS.value - start)
-        writer.write(codec.encode(_random_transitions(spec, count, seed=start)), np.ones(count))
-    writer.flush()
-
-    results = [
-        measure(dataclasses.replace(config, batch_size=size), spec, address, _SECONDS.value)
-        for size in sizes
-    ]
+    results = []
+    for backend in _REPLAYS.value:
+        node = replay.node_class(backend)(lambda: [table])
+        writer = replay.connect(node).writer(dqn.builder.TABLE)
+        for start in range(0, _ITEMS.value, 1000):
+            count = min(1000, _ITEMS.value - start)
+            items = codec.encode(_random_transitions(spec, count, seed=start))
+            writer.write(items, np.ones(count))
+        writer.close()
+        print(f"replay: {backend}", flush=True)
+        for size in sizes:
+            sized = dataclasses.replace(config, batch_size=size)
+            results.append({"replay": backend, **measure(sized, spec, node, _SECONDS.value)})
+        node.close()
     header = {
         "bench": "learner_throughput",
         "env": spec.env_id,
@@ -183,7 +183,6 @@ def main(argv):
             {**header, **results[0]} if len(results) == 1 else {**header, "results": results}
         )
     )
-    server.stop()
 
 
 if __name__ == "__main__":

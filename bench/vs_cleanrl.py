@@ -7,9 +7,8 @@ For each seed, one after the other on this machine:
   (b) ours, the default DQN CartPole-v1 command under `local` plus only flags that do not
       change learning (`--logdir`, `--log_interval_s=1`, and `--replay` if `--ours_replay`
       gives it: the replay backend, the same sampling rule either way): seconds from the
-      command's start
-      until (i) the first 10-episode greedy evaluation >= 475 and (ii) the first 100-episode
-      training mean >= 475.
+      command's start until (i) the first 10-episode greedy evaluation >= 475 and (ii) the
+      first 100-episode training mean >= 475.
 Each run stops once its criteria are met (ours by SIGINT: it checkpoints and exits) or at
 `--max_seconds`. Nothing is asserted: it prints the figures and the ratios ours / CleanRL
 (the issue's goal: <= 0.5 for both); the last line is JSON (medians too).

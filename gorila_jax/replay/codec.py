@@ -49,6 +49,10 @@ class ItemCodec:
             tree.assert_same_structure(example, compact)
             self._compact = tree.flatten(compact)
         self._structure = example
+        self._names = [
+            "/".join(str(part) for part in path) or "item"
+            for path, _ in tree.flatten_with_path(example)
+        ]
         self._shapes = [leaf.shape for leaf in leaves]
         self._dtypes = [
             leaf.dtype if how is None else how.storage_dtype
@@ -67,8 +71,13 @@ class ItemCodec:
         Args:
           batch: items with a leading batch axis.
           source: the index of the actor that wrote them (one for all, or [K]).
+
+        Raises:
+          ValueError: a field of another structure, shape or kind of dtype than the
+            codec's example, naming the field: packed as it is, it would shift every
+            field after it and the replay would hold garbage.
         """
-        leaves = tree.flatten(batch)
+        leaves = self._checked_leaves(batch)
         count = len(leaves[0])
         parts = [
             np.ascontiguousarray(leaf if how is None else how.encode(leaf), dtype)
@@ -79,6 +88,31 @@ class ItemCodec:
         sources = np.broadcast_to(np.asarray(source, _SOURCE_DTYPE), (count,))
         parts.append(np.ascontiguousarray(sources).reshape(count, 1).view(np.uint8))
         return np.concatenate(parts, axis=1)
+
+    def _checked_leaves(self, batch: types.PyTree) -> list[np.ndarray]:
+        try:
+            tree.assert_same_structure(self._structure, batch, check_types=False)
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"replay item has another structure than the codec's: {error}"
+            ) from None
+        leaves = [np.asarray(leaf) for leaf in tree.flatten(batch)]
+        count = len(leaves[0]) if leaves[0].ndim else None
+        for name, leaf, shape, dtype, how in zip(
+            self._names, leaves, self._shapes, self._dtypes, self._compact
+        ):
+            if leaf.ndim == 0 or leaf.shape[1:] != shape or len(leaf) != count:
+                raise ValueError(
+                    f"replay item field {name!r}: expected {[count, *shape]} (a batch of "
+                    f"{list(shape)}), got {list(leaf.shape)}"
+                )
+            wanted = np.float32 if how is not None else dtype
+            if not np.can_cast(leaf.dtype, wanted, casting="same_kind"):
+                raise ValueError(
+                    f"replay item field {name!r}: expected {np.dtype(wanted)} values, got "
+                    f"{leaf.dtype}"
+                )
+        return leaves
 
     def describe(self) -> str:
         """The leaves' shapes and dtypes, for error messages."""

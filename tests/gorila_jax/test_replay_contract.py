@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from gorila_jax import replay
+from agents import dqn
+from gorila_jax import envs, replay, types
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
 from tests import conftest
@@ -281,6 +282,37 @@ def test_items_of_the_wrong_width_are_refused_and_the_table_is_unchanged(nodes):
         writer.write(np.zeros((2, WIDTH + 1), np.uint8), np.ones(2))
         writer.flush()
     assert node.table_info()[TABLE]["size"] == 3
+
+
+@pytest.mark.parametrize(
+    "field, bad, message",
+    [
+        ("observation", np.zeros((4, 5), np.float32), r"'observation': expected \[\d+, 4\]"),
+        ("action", np.zeros(4, np.float32), "'action': expected int32 values, got float32"),
+    ],
+)
+def test_an_actor_item_of_the_wrong_shape_or_dtype_is_refused_naming_the_field(field, bad, message):
+    """Through the DQN agent's own adder, as an actor writes: the table stays empty."""
+    spec = envs.env_spec("CartPole-v1")
+    builder = dqn.DQNBuilder(dqn.DQNConfig(n_step=1))
+    node = replay.NativeReplayNode(lambda: builder.replay_tables(spec))
+    try:
+        adder = builder.make_adder(replay.connect(node), spec, 4, threading.Event())
+        step = types.EnvStep(
+            observation=np.zeros((4, 4), np.float32),
+            action=np.zeros(4, np.int32),
+            reward=np.ones(4, np.float32),
+            terminated=np.ones(4, bool),
+            truncated=np.zeros(4, bool),
+            next_observation=np.zeros((4, 4), np.float32),
+            valid=np.ones(4, bool),
+        )
+        with pytest.raises(ValueError, match=message):
+            adder.add(step._replace(**{field: bad}))
+        adder.close()
+        assert node.table_info()[builder.sample_table]["size"] == 0
+    finally:
+        node.close()
 
 
 def test_a_table_larger_than_the_hosts_memory_is_refused_with_the_numbers():
