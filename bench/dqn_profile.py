@@ -1,4 +1,4 @@
-"""Where a DQN run's CPU time goes: driver, actors, Reverb insert and sample, learner, priorities.
+"""Where a DQN run's CPU time goes: driver, actors, replay insert and sample, learner, priorities.
 
 Starts a training command (`python -m launch.train --launcher=local ...`: every node is a
 thread of one process, so one sampler sees them all), waits until it has taken
@@ -13,6 +13,7 @@ Last line: JSON.
 
   python bench/dqn_profile.py --variant=before:--config.updates_per_dispatch=1 \
       --variant=after:
+  python bench/dqn_profile.py --variant=reverb:--replay=reverb --variant=native:--replay=native
 """
 
 import collections
@@ -38,18 +39,38 @@ _RATE = flags.DEFINE_integer("rate", 100, "py-spy samples per second.")
 # (category, substrings of a frame, any of which puts the sample there), first match wins.
 # Frames are matched from the innermost outwards, so "Reverb insert" inside an actor
 # counts as the insert, not as the actor.
+_NATIVE_TABLE = "gorila_jax/replay/native_table.py"
+_NATIVE_NODE = "gorila_jax/replay/native_node.py"
 CATEGORIES = (
     (
-        "Reverb insert (actor's writer, rate-limiter waits)",
-        ("replay/writers.py", "reverb/trajectory_writer"),
+        "replay insert (actor's writer, rate-limiter waits)",
+        (
+            "replay/writers.py",
+            "replay/reverb_writer.py",
+            "reverb/trajectory_writer",
+            *(f"{fn} ({_NATIVE_NODE}" for fn in ("insert", "write", "_send", "_settle")),
+            f"_insert_all ({_NATIVE_NODE}",
+            *(f"{fn} ({_NATIVE_TABLE}" for fn in ("insert", "_put", "_put_piece", "_checked")),
+        ),
     ),
     ("envpool step", ("envpool/python/envpool.py",)),
     ("actor policy (dispatch and result)", ("acting/actor.py",)),
     (
-        "Reverb sample (tf.data, decode, device copy)",
-        ("replay/shard_streams.py", "learning/prefetch.py", "replay/codec.py", "replay/sharded.py"),
+        "replay sample (Reverb's tf.data or the native sampler, decode, device copy)",
+        (
+            "replay/shard_streams.py",
+            "learning/prefetch.py",
+            "replay/codec.py",
+            "replay/sharded.py",
+            "replay/native_sampler.py",
+            f"sample ({_NATIVE_NODE}",
+            *(f"{fn} ({_NATIVE_TABLE}" for fn in ("sample", "_draw", "_draw_hot")),
+        ),
     ),
-    ("priority write-back", ("PriorityUpdater", "replay/sampling.py")),
+    (
+        "priority write-back",
+        ("PriorityUpdater", "replay/priority_updates.py", f"update ({_NATIVE_TABLE}"),
+    ),
     (
         "learner dispatch and update",
         ("learning/learner.py", "learning/sync_learner.py", "learning/replay_learner.py"),
