@@ -154,11 +154,10 @@ def check_remedy(remedy: str, tables: Sequence[Any], sample_table: str) -> None:
     for table in tables:
         if table.name != sample_table:
             continue
-        sampler = table.kind
         if not table.prioritized:
             raise ValueError(
                 "balance_remedy='downweight' lowers the priorities of a dominant actor's "
-                f"items, but this agent's table {sample_table!r} samples by {sampler!r}, "
+                f"items, but this agent's table {sample_table!r} samples by {table.kind!r}, "
                 "without priorities; use balance_remedy='report' or 'replace'"
             )
 

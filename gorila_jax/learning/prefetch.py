@@ -160,11 +160,14 @@ def sampler(
     stop_event: threading.Event,
     content_hashes: bool = False,
     demo_fraction: float = 0.0,
-) -> replay.ShardedSampler | replay.MixedSampler:
-    """The sampler of batches across every replay shard, as `DevicePrefetcher` takes it.
+) -> Any:
+    """The sampler of batches across every replay shard (`replay.ReplayShards.sampler`, of
+    the run's backend), as `DevicePrefetcher` takes it.
 
-    Each shard's address is asked of its node whenever its dataset is
-    (re)built, so a shard restarted at another address is sampled again.
+    Reverb: each shard's address is asked of its node whenever its dataset is
+    (re)built, so a shard restarted at another address is sampled again; the
+    native backend calls each shard through its node's client, which follows a
+    restart by itself.
     The shards' sampling threads end once `stop_event` is set, and are
     joined when the prefetcher that drives the sampler closes. With
     `content_hashes`, batches carry their items' content hashes; with `demo_fraction`,

@@ -138,8 +138,9 @@ class TableSpec:
 
 
 class Endpoint(NamedTuple):
-    """How to reach a replay node: its backend, and the address a Reverb server listens at
-    (None for the native backend, whose clients call the node itself)."""
+    """How to reach a replay node: its backend, and for Reverb the address its server
+    listens at; for the native backend, whose clients call the node itself, the node's
+    host and pid (`native_node.process_address`: is it in the caller's process?)."""
 
     backend: str
     address: str | None = None

@@ -8,11 +8,10 @@ waits for the replacement. No server, no port, no TensorFlow.
 """
 
 import collections
-import dataclasses
 import logging
 import os
-import socket
 import shutil
+import socket
 import threading
 import time
 from typing import Any, Callable, Sequence
@@ -55,15 +54,6 @@ def check_memory(specs: Sequence[api.TableSpec]) -> None:
             f"{available / 2**30:.1f} GiB available: lower --config.max_replay_size, store "
             "observations compactly (--config.replay_obs_dtype), or shard the replay over hosts"
         )
-
-
-def _hot_tier(spec: api.TableSpec, tiering: tiering_lib.Tiering) -> api.TableSpec:
-    """The tiered table cut to its hot tier; sampling starts once the hot tier holds the
-    minimum size, or is full."""
-    limit = spec.rate_limit
-    if limit is not None:
-        limit = dataclasses.replace(limit, min_size=min(limit.min_size, tiering.hot_size))
-    return dataclasses.replace(spec, max_size=tiering.hot_size, rate_limit=limit)
 
 
 def _cold_store(spec: api.TableSpec, tiering: tiering_lib.Tiering | None) -> cold.ColdStore | None:
@@ -112,7 +102,7 @@ class NativeReplayNode:
         specs = list(make_tables())
         if tiering is not None:
             tiering.sampled_spec(specs)  # raises for a table that cannot be tiered
-            specs = [_hot_tier(s, tiering) if s.name == tiering.table else s for s in specs]
+            specs = [tiering.hot_spec(s) if s.name == tiering.table else s for s in specs]
         check_memory(specs)
         rng = np.random.default_rng(seed)
         self._tiering = tiering

@@ -39,7 +39,7 @@ class NativeTable:
     Args:
       spec: the table (for a hot tier: cut to the hot size).
       seed: of the sampling draws (None: from the OS).
-      cold: the cold tier; None: every item in memory.
+      cold_tier: the cold tier; None: every item in memory.
     """
 
     def __init__(

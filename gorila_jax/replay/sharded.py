@@ -91,22 +91,33 @@ class ReplayShards:
     ) -> "ShardedSampler | native_sampler.NativeSampler | mixing.MixedSampler":
         """Batches of `table` across the shards; with `demo_fraction`, that share of every
         batch from the demonstration table on the first shard (`mixing.MixedSampler`)."""
+        own = self._sampler(self.nodes, table, codec, stop, content_hashes, self.cold_tiers(table))
+        if not demo_fraction:
+            return own
+        demos = self._sampler(self.nodes[:1], mixing.DEMO_TABLE, codec, stop, content_hashes, {})
+        return mixing.MixedSampler(own, demos, demo_fraction)
+
+    def _sampler(
+        self,
+        nodes: list[Any],
+        table: str,
+        codec: codec.ItemCodec | None,
+        stop: threading.Event | None,
+        content_hashes: bool,
+        cold: dict[int, dict[str, Any]],
+    ) -> "ShardedSampler | native_sampler.NativeSampler":
+        """The backend's sampler of `table` on `nodes`, with `cold` (`cold_tiers`) sampled too."""
         if self.backend == api.NATIVE:
-            own = native_sampler.NativeSampler(
-                self.nodes,
+            return native_sampler.NativeSampler(
+                nodes,
                 table,
                 codec,
                 stop=stop,
                 content_hashes=content_hashes,
-                cold_shards=sorted(self.cold_tiers(table)),
+                cold_shards=sorted(cold),
             )
-            demos = native_sampler.NativeSampler(
-                self.nodes[:1], mixing.DEMO_TABLE, codec, stop=stop, content_hashes=content_hashes
-            )
-            return mixing.MixedSampler(own, demos, demo_fraction) if demo_fraction else own
-        cold = self.cold_tiers(table)
-        own = ShardedSampler(
-            self.nodes,
+        return ShardedSampler(
+            nodes,
             table,
             codec,
             stop=stop,
@@ -116,12 +127,6 @@ class ReplayShards:
             # content (`ReplayNode.note_priorities`).
             hot_hashes=any(tier["prioritized"] for tier in cold.values()),
         )
-        if not demo_fraction:
-            return own
-        demos = ShardedSampler(
-            self.nodes[:1], mixing.DEMO_TABLE, codec, stop=stop, content_hashes=content_hashes
-        )
-        return mixing.MixedSampler(own, demos, demo_fraction)
 
     def cold_tiers(self, table: str) -> dict[int, dict[str, Any]]:
         """{shard: its cold tier (`ReplayNode.cold_tier`)} of the shards whose `table` is tiered,

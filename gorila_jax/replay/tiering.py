@@ -23,7 +23,7 @@ class Tiering:
 
     Args:
       table: the agent's sampled table, the one that is tiered.
-      hot_size: items the hot tier (the Reverb table) holds.
+      hot_size: items the hot tier (the table in memory) holds.
       cold_size: items the cold tier holds.
       cold_dir: the cold tier's directory on the replay node's host.
       cold_bytes: disk the cold tier's items may take; 0: `cold_size` items
@@ -64,6 +64,15 @@ class Tiering:
             self.cold_bytes // num_shards,
             self.cold_compression,
         )
+
+    def hot_spec(self, spec: api.TableSpec) -> api.TableSpec:
+        """The tiered table `spec` cut to its hot tier, as the native backend keeps it;
+        sampling starts once the hot tier holds the minimum size, or is full (Reverb's
+        hot table, `tiers.reverb_tables`, also leaves inserts to its mover)."""
+        limit = spec.rate_limit
+        if limit is not None:
+            limit = dataclasses.replace(limit, min_size=min(limit.min_size, self.hot_size))
+        return dataclasses.replace(spec, max_size=self.hot_size, rate_limit=limit)
 
     def sampled_spec(self, tables: Sequence[api.TableSpec]) -> api.TableSpec:
         """The agent's table that is tiered.

@@ -7,8 +7,8 @@ pickles into the nodes that hold a handle of the node it calls.
 """
 
 import concurrent.futures
-import signal
 import pickle
+import signal
 import threading
 import traceback
 from typing import Any
