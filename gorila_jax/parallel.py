@@ -10,6 +10,8 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
+from gorila_jax import compat
+
 DATA_AXIS = "data"
 
 
@@ -78,7 +80,7 @@ def shard(batch: Any, num_devices: int) -> Any:
 def shard_to_devices(batch: Any, devices: Sequence[jax.Device]) -> Any:
     """`shard` on the host, then each [B/D, ...] slice copied to its device."""
     sharded = shard(batch, len(devices))  # [D, B/D, ...]
-    return jax.tree.map(lambda x: jax.device_put_sharded(list(x), list(devices)), sharded)
+    return jax.tree.map(lambda x: compat.put_sharded(x, devices, DATA_AXIS), sharded)
 
 
 def unshard(tree: Any) -> Any:
@@ -88,7 +90,7 @@ def unshard(tree: Any) -> Any:
 
 def replicate(tree: Any, devices: Sequence[jax.Device]) -> Any:
     """Puts one copy of `tree` on each device, with a leading device axis."""
-    return jax.device_put_replicated(tree, list(devices))
+    return jax.tree.map(lambda leaf: compat.put_replicated(leaf, devices, DATA_AXIS), tree)
 
 
 def replicate_changed(
@@ -108,7 +110,7 @@ def replicate_changed(
     copies = [
         reuse[id(leaf)]
         if id(leaf) in reuse
-        else jax.device_put_sharded([leaf] * len(devices), list(devices))
+        else compat.put_replicated(leaf, devices, DATA_AXIS)
         for leaf in leaves
     ]
     return jax.tree.unflatten(treedef, copies)
@@ -116,7 +118,7 @@ def replicate_changed(
 
 def unreplicate(tree: Any) -> Any:
     """Takes the first device's copy of replicated state (still on device)."""
-    return jax.tree.map(lambda x: x[0], tree)
+    return jax.tree.map(compat.first_copy, tree)
 
 
 def pmap_step(

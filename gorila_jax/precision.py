@@ -140,7 +140,7 @@ def layer_norms(grads: Any) -> dict[str, jax.Array]:
     norms: dict[str, jax.Array] = {}
 
     def record(path, leaves):
-        norms["/".join(p for p in path if p != "params")] = optax.global_norm(leaves)
+        norms["/".join(p for p in path if p != "params")] = optax.tree.norm(leaves)
         return leaves
 
     _map_layers(record, grads)
@@ -157,7 +157,7 @@ def clip_by_layer_norm(grads: Any, max_norm: float) -> Any:
         raise ValueError(f"the per-layer gradient norm limit must be positive, got {max_norm}")
 
     def clip(path, leaves):
-        factor = jnp.minimum(1.0, max_norm / jnp.maximum(optax.global_norm(leaves), 1e-12))
+        factor = jnp.minimum(1.0, max_norm / jnp.maximum(optax.tree.norm(leaves), 1e-12))
         return {k: (g * factor).astype(g.dtype) for k, g in leaves.items()}
 
     return _map_layers(clip, grads)

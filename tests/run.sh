@@ -6,13 +6,24 @@
 # 3 workers on 2 cores: most tests wait on Ray, heartbeats, timeouts and child
 # processes rather than compute. tests/conftest.py says how tests are grouped.
 set -euo pipefail
-# LAUNCHPAD=1: the Launchpad set (.venv-launchpad, Python 3.10) and the tests that
-# prove it: the launchpad launcher, DQN learning under it, and the CLI's bad-input
+# DEEPMIND=1: the DeepMind set (.venv-deepmind, Python 3.10: Reverb, Launchpad, JAX 0.4.34)
+# and the tests that prove it: the replay contract suite and the Reverb backend's own
+# tests, the launchpad launcher, DQN learning under --replay=reverb with local and with
+# launchpad, the learner's device and numeric tests on this JAX, and the CLI's bad-input
 # tests. The rest of the suite needs Ray, which is the default set's; lint runs there.
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/setup_env.sh"
-if [ "${LAUNCHPAD:-0}" = "1" ]; then
-  exec python -m pytest -n 2 --dist loadfile -ra --durations=5 -m "not extended" \
-    tests/gorila_jax/test_launchpad_launcher.py tests/launch/test_train_cli.py "$@"
+if [ "${DEEPMIND:-0}" = "1" ]; then
+  python -m pytest -n 2 --dist loadfile -ra --durations=10 -m "not extended" \
+    tests/gorila_jax/test_replay_contract.py tests/gorila_jax/test_replay.py \
+    tests/gorila_jax/test_launchpad_launcher.py tests/launch/test_train_cli.py \
+    tests/agents/dqn/test_learning.py tests/test_compat.py \
+    "tests/test_end_to_end.py::test_dqn_solves_cartpole_and_holds_it_to_the_end_of_its_budget[reverb]" \
+    "$@"
+  # The Reverb cases of files whose other cases the default set runs.
+  exec python -m pytest -n 2 --dist loadfile -ra --durations=5 -m "reverb and not extended" \
+    tests/gorila_jax/test_sharded_replay.py tests/gorila_jax/test_tiered_replay.py \
+    tests/gorila_jax/test_hard_inputs.py tests/gorila_jax/test_writers.py \
+    tests/gorila_jax/test_compact_replay.py tests/gorila_jax/test_fault_numeric.py "$@"
 fi
 ruff check gorila_jax agents launch tests bench
 exec python -m pytest -n 3 --dist loadfile -ra --durations=10 -m "not extended" "$@"

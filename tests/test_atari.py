@@ -2,17 +2,18 @@
 
 import csv
 import dataclasses
+import functools
 import math
 
 import jax
 import numpy as np
 import pytest
-import reverb
 
 from agents import dqn
 from agents.dqn import networks
 from gorila_jax import envs, parallel, replay, types
 from gorila_jax.run import experiment
+from tests.backends import DefaultReplayNode, first_batch
 
 
 def _random_steps(env, num_steps: int, seed: int = 0) -> list[tuple]:
@@ -52,15 +53,15 @@ def test_atari_observations_are_uint8_frame_stacks():
 
 def test_observations_stay_uint8_from_replay_to_device():
     spec = envs.env_spec("Pong-v5")
-    config = dataclasses.replace(dqn.DQNConfig(), min_replay_size=8, batch_size=8)
+    # A small table: the native replay refuses one that the host's memory cannot hold.
+    config = dataclasses.replace(
+        dqn.DQNConfig(), min_replay_size=8, batch_size=8, max_replay_size=1000
+    )
     builder = dqn.DQNBuilder(config)
-    server = reverb.Server([replay.reverb_table(t) for t in builder.replay_tables(spec)])
-    address = f"localhost:{server.port}"
+    node = DefaultReplayNode(functools.partial(builder.replay_tables, spec))
     env = envs.make_env("Pong-v5", 4, seed=0)
     obs, _ = env.reset()
-    adder = builder.make_adder(
-        replay.ReverbConnection(reverb.Client(address)), spec, 4, stop_event=None
-    )
+    adder = builder.make_adder(replay.connect(node), spec, 4, stop_event=None)
     for _ in range(6):
         action = np.zeros(4, np.int32)
         next_obs, reward, terminated, truncated, _ = env.step(action)
@@ -69,12 +70,12 @@ def test_observations_stay_uint8_from_replay_to_device():
         obs = next_obs
     adder.close()  # flushes what is pending
 
-    batch = next(replay.batches(address, builder.sample_table, 8, builder.item_codec(spec)))
+    batch = first_batch(node, builder.sample_table, 8, builder.item_codec(spec))
     assert batch.data.observation.dtype == np.uint8
     assert batch.data.observation.shape == (8, 4, 84, 84)
     on_device = parallel.shard_to_devices(batch.data, jax.local_devices()[:2])
     assert on_device.observation.dtype == np.uint8 and on_device.observation.shape[:2] == (2, 4)
-    server.stop()
+    node.close()
 
 
 def _param_count(params) -> int:

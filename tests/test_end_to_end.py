@@ -20,6 +20,7 @@ from gorila_jax import curves, envs
 from gorila_jax.gorila import parameter_server
 from gorila_jax.run import experiment
 from launch import presets
+from tests.backends import BACKENDS
 
 
 def _cartpole(
@@ -36,11 +37,12 @@ def _cartpole(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replay_backend", ["native", "reverb"])
+@pytest.mark.parametrize("replay_backend", BACKENDS)
 def test_dqn_solves_cartpole_and_holds_it_to_the_end_of_its_budget(tmp_path, replay_backend):
     # The whole preset budget, no early stop: a policy that reaches 475 and
     # falls back later (the late collapses before LayerNorm) fails here. On both replay
-    # backends: every other learning test runs on the default one (native).
+    # backends (Reverb's on the DeepMind set): every other learning test runs on the set's
+    # default one.
     builder, exp = _cartpole(tmp_path, launcher="local", replay_backend=replay_backend)
     summary = experiment.run_experiment(builder, exp)
     _assert_solved_at_the_end(summary, exp)

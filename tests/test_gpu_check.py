@@ -34,7 +34,7 @@ def test_the_gpu_set_is_the_cpu_set_plus_the_cuda_plugin_of_the_same_jax():
         assert "-r requirements.txt" in f.read().splitlines()
     assert not set(cpu) & set(gpu), "a package pinned in both files: one pin per package"
     assert gpu["jax-cuda12-plugin"] == gpu["jax-cuda12-pjrt"] == cpu["jax"] == cpu["jaxlib"]
-    # jax-cuda12-plugin[with_cuda] 0.4.34 requires these; each must be pinned here.
+    # jax-cuda12-plugin[with_cuda] 0.11.2 requires these; each must be pinned here.
     for name in ("cublas", "cuda-cupti", "cuda-nvcc", "cuda-runtime", "cudnn", "cufft"):
         assert f"nvidia-{name}-cu12" in gpu
     for name in ("cusolver", "cusparse", "nccl", "nvjitlink"):

@@ -9,6 +9,7 @@ import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
+from gorila_jax import replay
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -34,6 +35,7 @@ def test_skeleton_never_imports_agents_or_launch(path):
 # an agent's builder names its replay tables and item codec.
 LAYERS = (
     (
+        "compat",
         "types",
         "parallel",
         "precision",
@@ -120,18 +122,7 @@ def test_code_outside_replay_uses_only_its_package_interface():
 
 
 # The Reverb backend: the only modules that may import reverb or tensorflow.
-REVERB_BACKEND = {
-    f"gorila_jax/replay/{name}.py"
-    for name in (
-        "reverb_tables",
-        "reverb_writer",
-        "sampling",
-        "server",
-        "sharded",
-        "shard_streams",
-        "tiers",
-    )
-}
+REVERB_BACKEND = {f"gorila_jax/replay/{name}.py" for name in replay.REVERB_MODULES}
 
 
 def _imports_reverb_or_tensorflow(path: pathlib.Path) -> bool:

@@ -163,7 +163,7 @@ def _compute_grads(loss_fn: Callable, cfg: config_lib.DQNConfig, state: TrainSta
     if dynamic_scale:
         grads = precision.unscale_grads(grads, state.loss_scale)
         finite = precision.all_finite(grads)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     metrics = {
         "loss": loss,
         "abs_td": jnp.mean(jnp.abs(td)),

@@ -27,8 +27,8 @@ class DevicePrefetcher:
     the tf.data -> numpy conversion and host->device copies overlap with it.
     When `batch_size()` changes (a growing batch), the next batches are
     sampled at the new size; up to `size` batches of the old size are still
-    used first. A connection error (`replay.CONNECTION_ERRORS`) makes it
-    sample again with backoff; other errors reach the learner in `get`.
+    used first. A lost connection (the sampler's `connection_errors`, Reverb's
+    only) makes it sample again with backoff; other errors reach the learner in `get`.
 
     Its thread ends when `stop_event` is set or `close` is called; `close`
     also waits for it. The owner must call `close` before the replay's
@@ -42,6 +42,8 @@ class DevicePrefetcher:
       devices: where batches go (`parallel.shard_to_devices`).
       stop_event: the owning node's stop signal.
       size: batches kept ready.
+      connection_errors: with a `make_batches` function, the errors that mean the
+        replay went away (a sampler brings its own).
     """
 
     def __init__(
@@ -51,10 +53,13 @@ class DevicePrefetcher:
         devices: list,
         stop_event: threading.Event,
         size: int = 2,
+        connection_errors: tuple[type[BaseException], ...] = (),
     ):
         self._close_sampler: Callable[[], None] | None = None
         if hasattr(make_batches, "batches"):  # a sampler of any backend
+            connection_errors = make_batches.connection_errors
             make_batches, self._close_sampler = make_batches.batches, make_batches.close
+        self._connection_errors = connection_errors
         self._make_batches, self._batch_size = make_batches, batch_size
         self._devices, self._stop_event = devices, stop_event
         self._closing = threading.Event()
@@ -92,7 +97,7 @@ class DevicePrefetcher:
             except StopIteration:  # the rate limiter held samples back; try again
                 batches = None
                 continue
-            except replay.CONNECTION_ERRORS as error:
+            except self._connection_errors as error:
                 # The replay server went away (it is being restarted): sample
                 # again, backing off, instead of failing the learner.
                 batches = None

@@ -4,9 +4,14 @@ Tables declared by agents, connections that write items with priorities,
 batches with keys and probabilities, priority updates, checkpoints; one node
 or K shards sampled as one replay. The native backend keeps tables in the
 replay node's process (native_*.py); the Reverb backend serves them from a
-Reverb server (server.py, sampling.py, sharded.py, reverb_*.py, tiers.py).
+Reverb server (`backends.REVERB_MODULES`). Only the DeepMind dependency set installs
+Reverb, so its names here (`_REVERB_NAMES`) are imported on first use, and importing
+this package never imports reverb or tensorflow.
 Code outside this package imports `gorila_jax.replay` only, never its modules.
 """
+
+from typing import Any
+
 
 from gorila_jax.replay.api import (
     BACKENDS,
@@ -24,8 +29,16 @@ from gorila_jax.replay.api import (
     TableSpec,
     row_keys,
 )
-from gorila_jax.replay.backends import connect, node_class
-from gorila_jax.replay.reverb_tables import make_table as reverb_table
+from gorila_jax.replay.backends import (
+    DEFAULT_BACKEND,
+    REVERB_MODULES,
+    BackendMissing,
+    connect,
+    installed,
+    node_class,
+    require,
+    reverb_module,
+)
 from gorila_jax.replay.cold import COMPRESSIONS as COLD_COMPRESSIONS
 from gorila_jax.replay.cold import ColdRows, ColdStore
 from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
@@ -50,19 +63,14 @@ from gorila_jax.replay.manifest import (
 )
 from gorila_jax.replay.native_node import NativeReplayNode
 from gorila_jax.replay.priority_updates import PriorityUpdater
-from gorila_jax.replay.sampling import CONNECTION_ERRORS, batches, sample_stream
-from gorila_jax.replay.server import PortInUse, ReplayClient, ReplayNode
 from gorila_jax.replay.sharded import (
     ReplayShards,
-    ShardedSampler,
     actor_shard,
     assigned_shard,
     shard_tables,
 )
-from gorila_jax.replay.tiering import COLD_CHECKPOINT, Tiering, spill_table
-from gorila_jax.replay.tiers import TierMetrics
+from gorila_jax.replay.tiering import COLD_CHECKPOINT, TierMetrics, Tiering, spill_table
 from gorila_jax.replay.tables import prioritized_table, queue_table, rate_limiter, uniform_table
-from gorila_jax.replay.reverb_writer import ReverbConnection, TransitionWriter
 from gorila_jax.replay.writers import (
     NStepAccumulator,
     NStepAdder,
@@ -71,6 +79,12 @@ from gorila_jax.replay.writers import (
 )
 
 __all__ = [
+    "REVERB_MODULES",
+    "installed",
+    "DEFAULT_BACKEND",
+    "require",
+    "BackendMissing",
+    "reverb_module",
     "BACKENDS",
     "KINDS",
     "NATIVE",
@@ -140,3 +154,26 @@ __all__ = [
     "transition_codec",
     "uniform_table",
 ]
+
+# The Reverb backend's names: {name: (its module, the name there)}.
+_REVERB_NAMES = {
+    "CONNECTION_ERRORS": ("sampling", "CONNECTION_ERRORS"),
+    "PortInUse": ("server", "PortInUse"),
+    "ReplayClient": ("server", "ReplayClient"),
+    "ReplayNode": ("server", "ReplayNode"),
+    "ReverbConnection": ("reverb_writer", "ReverbConnection"),
+    "ShardedSampler": ("reverb_sampler", "ShardedSampler"),
+    "TransitionWriter": ("reverb_writer", "TransitionWriter"),
+    "batches": ("sampling", "batches"),
+    "reverb_table": ("reverb_tables", "make_table"),
+    "sample_stream": ("sampling", "sample_stream"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the Reverb backend, imported on first use (`backends.BackendMissing`
+    without dm-reverb)."""
+    if name not in _REVERB_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _REVERB_NAMES[name]
+    return getattr(reverb_module(module), attribute)

@@ -1,9 +1,69 @@
 """Which backend serves a replay: the one place that picks a node class or a connection by
-backend name (`api.BACKENDS`)."""
+backend name (`api.BACKENDS`), and that imports the Reverb backend, which only the DeepMind
+dependency set installs."""
 
+import importlib
+import importlib.util
+import types
 from typing import Any
 
-from gorila_jax.replay import api, native_node, reverb_writer, server
+from gorila_jax.replay import api, native_node
+
+# The modules of the Reverb backend: the only ones that import reverb or tensorflow.
+REVERB_MODULES = (
+    "reverb_sampler",
+    "reverb_tables",
+    "reverb_writer",
+    "sampling",
+    "server",
+    "shard_streams",
+    "tiers",
+)
+
+
+class BackendMissing(ImportError):
+    """The replay backend asked for is not installed in this dependency set."""
+
+
+def installed(backend: str) -> bool:
+    """Whether this dependency set installs what `backend` needs."""
+    if backend == api.REVERB:
+        return all(importlib.util.find_spec(name) is not None for name in ("reverb", "tensorflow"))
+    return backend == api.NATIVE
+
+
+def _missing(detail: str) -> BackendMissing:
+    return BackendMissing(
+        f"--replay={api.REVERB} needs dm-reverb, which this dependency set does not "
+        f"install ({detail}): the DeepMind set has it (DEEPMIND=1 bash launch/train.sh "
+        f"makes .venv-deepmind, Python 3.10); --replay={api.NATIVE} needs nothing more"
+    )
+
+
+# The DeepMind set's replay is Reverb's, as the design has it; the default set has only ours.
+DEFAULT_BACKEND = api.REVERB if installed(api.REVERB) else api.NATIVE
+
+
+def require(backend: str) -> None:
+    """Raises BackendMissing (naming the set that has it) if `backend` is not installed."""
+    if backend == api.REVERB and not installed(api.REVERB):
+        raise _missing("no module named 'reverb'")
+
+
+def reverb_module(name: str) -> types.ModuleType:
+    """`gorila_jax.replay.<name>`, a module of the Reverb backend, imported on first use.
+
+    Raises:
+      BackendMissing: dm-reverb (or its TensorFlow) is not installed here.
+    """
+    if name not in REVERB_MODULES:
+        raise ValueError(f"{name!r} is not a module of the Reverb backend {REVERB_MODULES}")
+    try:
+        return importlib.import_module(f"gorila_jax.replay.{name}")
+    except ImportError as error:
+        if error.name is not None and error.name.split(".")[0] not in ("reverb", "tensorflow"):
+            raise
+        raise _missing(str(error)) from error
 
 
 def node_class(backend: str) -> type:
@@ -11,7 +71,7 @@ def node_class(backend: str) -> type:
     if backend == api.NATIVE:
         return native_node.NativeReplayNode
     if backend == api.REVERB:
-        return server.ReplayNode
+        return reverb_module("server").ReplayNode
     raise ValueError(f"unknown replay backend {backend!r}; choose one of {api.BACKENDS}")
 
 
@@ -23,4 +83,7 @@ def connect(node: Any, endpoint: api.Endpoint | None = None) -> api.Connection:
         remote = endpoint.address != native_node.process_address()
         return native_node.NativeConnection(node, remote=remote and hasattr(node, "futures"))
     # A ReplayClient: the writer finds a Reverb node restarted at another address.
-    return reverb_writer.ReverbConnection(server.ReplayClient(node, endpoint.address))
+    server = reverb_module("server")
+    return reverb_module("reverb_writer").ReverbConnection(
+        server.ReplayClient(node, endpoint.address)
+    )

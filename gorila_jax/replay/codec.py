@@ -3,8 +3,8 @@
 import hashlib
 from typing import Any
 
+import jax
 import numpy as np
-import tree
 
 from gorila_jax import types
 
@@ -43,15 +43,23 @@ class ItemCodec:
     """
 
     def __init__(self, example: types.PyTree, compact: types.PyTree | None = None):
-        leaves = [np.asarray(x) for x in tree.flatten(example)]
+        leaves = [np.asarray(x) for x in jax.tree.leaves(example)]
         self._compact: list[Any] = [None] * len(leaves)
         if compact is not None:
-            tree.assert_same_structure(example, compact)
-            self._compact = tree.flatten(compact)
-        self._structure = example
+            # None marks a leaf kept as it is: a leaf here, not an empty subtree.
+            compact_leaves, compact_structure = jax.tree.flatten(compact, is_leaf=_is_none)
+            if compact_structure != jax.tree.structure(example) or len(compact_leaves) != len(
+                leaves
+            ):
+                raise ValueError(
+                    f"the compact structure {compact_structure} is not the item's "
+                    f"{jax.tree.structure(example)}"
+                )
+            self._compact = compact_leaves
+        self._structure = jax.tree.structure(example)
         self._names = [
-            "/".join(str(part) for part in path) or "item"
-            for path, _ in tree.flatten_with_path(example)
+            "/".join(str(_path_part(part)) for part in path) or "item"
+            for path, _ in jax.tree_util.tree_flatten_with_path(example)[0]
         ]
         self._shapes = [leaf.shape for leaf in leaves]
         self._dtypes = [
@@ -90,13 +98,13 @@ class ItemCodec:
         return np.concatenate(parts, axis=1)
 
     def _checked_leaves(self, batch: types.PyTree) -> list[np.ndarray]:
-        try:
-            tree.assert_same_structure(self._structure, batch, check_types=False)
-        except (ValueError, TypeError) as error:
+        leaves, structure = jax.tree.flatten(batch)
+        if structure != self._structure:
             raise ValueError(
-                f"replay item has another structure than the codec's: {error}"
-            ) from None
-        leaves = [np.asarray(leaf) for leaf in tree.flatten(batch)]
+                f"replay item has another structure than the codec's: {structure} "
+                f"against {self._structure}"
+            )
+        leaves = [np.asarray(leaf) for leaf in leaves]
         count = len(leaves[0]) if leaves[0].ndim else None
         for name, leaf, shape, dtype, how in zip(
             self._names, leaves, self._shapes, self._dtypes, self._compact
@@ -156,7 +164,7 @@ class ItemCodec:
                 self._bounds[:-1], self._bounds[1:], self._dtypes, self._shapes
             )
         ]
-        return tree.unflatten_as(self._structure, leaves)
+        return jax.tree.unflatten(self._structure, leaves)
 
     def expand(self, data: types.PyTree) -> types.PyTree:
         """`decode`'s leaves (numpy, or jax arrays inside a jitted step) with the compact ones
@@ -165,9 +173,9 @@ class ItemCodec:
             return data
         leaves = [
             leaf if how is None else how.decode(leaf)
-            for leaf, how in zip(tree.flatten(data), self._compact)
+            for leaf, how in zip(jax.tree.leaves(data), self._compact)
         ]
-        return tree.unflatten_as(self._structure, leaves)
+        return jax.tree.unflatten(self._structure, leaves)
 
     def sources(self, packed: np.ndarray, table: str | None = None) -> np.ndarray:
         """[B, num_bytes] uint8 -> [B] int32, the actor that wrote each item.
@@ -221,3 +229,15 @@ def transition_codec(
         types.Transition(observation, action, zero, zero, observation),
         compact=None if storage is None else types.Transition(storage, None, None, None, storage),
     )
+
+
+def _is_none(node: Any) -> bool:
+    return node is None
+
+
+def _path_part(part: Any) -> Any:
+    """A field name, dict key or index of a JAX key path entry, as the error messages name it."""
+    for attribute in ("name", "key", "idx"):
+        if hasattr(part, attribute):
+            return getattr(part, attribute)
+    return part

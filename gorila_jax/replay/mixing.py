@@ -59,9 +59,10 @@ class MixedSampler:
         if not fraction:
             raise ValueError("a MixedSampler needs a demonstration share above 0")
         self._replay, self._demos, self._fraction = replay, demos, fraction
+        self.connection_errors = replay.connection_errors + demos.connection_errors
 
     def batches(self, batch_size: int) -> Iterator[api.Batch]:
-        """As `ShardedSampler.batches`: ends when either table holds samples back (call again).
+        """As a replay sampler's `batches`: ends when either table holds samples back.
 
         Raises:
           ValueError: a share that leaves a batch of `batch_size` rows without a row of

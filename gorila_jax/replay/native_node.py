@@ -17,7 +17,6 @@ import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import psutil
 
 from gorila_jax.replay import api, cold, manifest, native_table
 from gorila_jax.replay import tiering as tiering_lib
@@ -42,6 +41,8 @@ def check_memory(specs: Sequence[api.TableSpec]) -> None:
     """Raises MemoryError, with the numbers, if the tables that allocate up front need more
     memory than the host has available."""
     needed = sum(spec.max_size * spec.item_bytes for spec in specs if not spec.grows)
+    import psutil  # here: a learner that never starts a node needs no psutil (bench/gpu_check.sh)
+
     available = psutil.virtual_memory().available
     if needed > available:
         tables = ", ".join(

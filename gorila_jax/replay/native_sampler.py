@@ -32,8 +32,13 @@ class NativeSampler:
       content_hashes: batches carry their items' content hashes (needs `codec`).
       cold_shards: the shards whose table is tiered, in order: a row shard k drew from its
         cold tier is labelled K + (k's place here), as the Reverb backend's cold streams
-        are (`tiers.TierMetrics` counts them; their priorities go to that shard's node).
+        are (`tiering.TierMetrics` counts them; their priorities go to that shard's node).
     """
+
+    # A node in another process is reached through a `RayClient`, which waits out the
+    # node's restart itself (under Launchpad a dead node ends the run): no error here is
+    # a lost connection for the prefetcher to sample again after.
+    connection_errors: tuple[type[BaseException], ...] = ()
 
     def __init__(
         self,

@@ -2,9 +2,14 @@
 local disk. Each backend keeps the tiers its own way (tiers.py for Reverb, native_table.py)."""
 
 import dataclasses
+import logging
 import math
 import os
-from typing import Sequence
+import threading
+import time
+from typing import Any, Sequence
+
+import numpy as np
 
 from gorila_jax.replay import api, cold, manifest
 
@@ -107,3 +112,60 @@ def check_tiers_match(path: str, tiering: Tiering | None) -> None:
         "(--replay_cold_dir, config.hot_replay_size): resume it as it was taken, or start "
         "the run afresh"
     )
+
+
+class TierMetrics:
+    """A learner's view of a tiered replay: the share of its rows each tier gave, and the
+    replay nodes' items, bytes and cold reads (asked without waiting: a node's answer
+    arrives by the next report).
+
+    Args:
+      nodes: the replay's nodes, in shard order (their `futures.tier_info`).
+      tiered: the shards whose sampled table is tiered (`ReplayShards.cold_tiers`).
+    """
+
+    def __init__(self, nodes: Sequence[Any], tiered: Sequence[int]):
+        self._nodes, self._tiered = list(nodes), list(tiered)
+        self._rows = np.zeros(2, np.int64)  # hot, cold rows since the last report
+        self._lock = threading.Lock()
+        self._asked: dict[int, Any] = {}
+        self._latest: dict[int, dict[str, float]] = {}
+        self._last_reads: tuple[float, float] | None = None  # (time, cold reads)
+
+    def count(self, shards: np.ndarray | None) -> None:
+        """Counts a batch's rows by tier (`Batch.shards`: K and up are cold tiers)."""
+        if shards is None:
+            return
+        cold = int(np.count_nonzero(np.asarray(shards) >= len(self._nodes)))
+        with self._lock:
+            self._rows += (np.size(shards) - cold, cold)
+
+    def metrics(self) -> dict[str, float]:
+        """replay/{hot,cold}_{items,bytes}, replay/cold_share (of the rows sampled since the
+        last call), replay/cold_reads_per_s (every learner's, at the nodes)."""
+        for shard in self._tiered:
+            asked = self._asked.get(shard)
+            if asked is not None and asked.done():
+                try:
+                    self._latest[shard] = asked.result()
+                except Exception:  # noqa: BLE001  a restarting node: its next answer counts
+                    logging.exception("replay shard %d: no tier info", shard)
+                asked = None
+            if asked is None:
+                self._asked[shard] = self._nodes[shard].futures.tier_info()
+        with self._lock:
+            rows, self._rows = self._rows, np.zeros(2, np.int64)
+        found = {}
+        if rows.sum():
+            found["replay/cold_share"] = float(rows[1] / rows.sum())
+        if not self._latest:
+            return found
+        for name in ("hot_items", "hot_bytes", "cold_items", "cold_bytes"):
+            found[f"replay/{name}"] = float(sum(info[name] for info in self._latest.values()))
+        reads = float(sum(info["cold_reads"] for info in self._latest.values()))
+        now = time.monotonic()
+        if self._last_reads is not None and now > self._last_reads[0]:
+            rate = (reads - self._last_reads[1]) / (now - self._last_reads[0])
+            found["replay/cold_reads_per_s"] = max(rate, 0.0)
+        self._last_reads = (now, reads)
+        return found

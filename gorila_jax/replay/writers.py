@@ -1,8 +1,8 @@
 """From vectorized env steps to replay items: n-step transitions and trajectory chunks,
 written through any backend's `api.Writer`."""
 
+import jax
 import numpy as np
-import tree
 
 from gorila_jax import types
 from gorila_jax.replay import api, codec
@@ -156,7 +156,7 @@ def trajectory_example(
         terminated=steps(bool),
         truncated=steps(bool),
         valid=steps(bool),
-        extras=tree.map_structure(
+        extras=jax.tree.map(
             lambda x: np.zeros((length, *np.shape(x)), np.asarray(x).dtype), extras_example
         ),
         param_version=steps(np.int32),
@@ -202,7 +202,7 @@ class TrajectoryAdder:
             terminated=np.zeros((num_envs, length), bool),
             truncated=np.zeros((num_envs, length), bool),
             valid=np.zeros((num_envs, length), bool),
-            extras=tree.map_structure(per_step, _no_extras_as_empty(step.extras)),
+            extras=jax.tree.map(per_step, _no_extras_as_empty(step.extras)),
             param_version=np.zeros((num_envs, length), np.int32),
             actor_index=np.full(num_envs, step.actor_index, np.int32),
         )
@@ -218,7 +218,7 @@ class TrajectoryAdder:
         chunk.truncated[:, t] = step.truncated
         chunk.valid[:, t] = step.valid
         extras = _no_extras_as_empty(step.extras)
-        for buffer, value in zip(tree.flatten(chunk.extras), tree.flatten(extras)):
+        for buffer, value in zip(jax.tree.leaves(chunk.extras), jax.tree.leaves(extras)):
             buffer[:, t] = value
         chunk.param_version[:, t] = step.param_version
         self._t += 1

@@ -397,30 +397,35 @@ def run_experiment(
     _set_launcher_options(cfg, launcher_options)
     resume_env_steps = checkpoint.total(resume_meta, "env_steps") if cfg.resume else None
     logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps)
-    # A resumed run's clock goes on from the last row kept: wall time stays the x-axis.
-    start = time.monotonic() - (logger.last_row or {"wall_time_s": 0.0})["wall_time_s"]
-    # The SIGTERM handler goes in after the launch: `ray.init` installs one of its own
-    # (sys.exit), which would otherwise end the run without its final checkpoint.
-    with (
-        launchers.launch(program, cfg.launcher, **launcher_options) as running,
-        _sigterm_as_interrupt(),
-    ):
-        if roles:
-            scaler = _fixed_actors(running, cfg)
-        else:
-            scaler = _actor_scaler(running, builder, cfg, spec)
-        reason = _drive(running, cfg, logger, start, scaler)
-        print(f"stopping: {reason}", flush=True)
-        _stop_in_order(running, cfg, final_evaluation=reason != "interrupted")
-        if roles:
-            role_params = role_program.final_params(running, builders, cfg)
-        else:
-            params_version, params = _final_params(running, builder, cfg, spec)
-        snapshot = running.client("monitor").snapshot()
-        evaluations = running.client("monitor").evaluations()
-        restarts = running.client("monitor").restarts()
+    # Closed on every way out: left to tensorboardX's atexit hook, a failed run's writer
+    # starts a thread at interpreter shutdown, which Python 3.12 refuses with a traceback
+    # that buries the run's own error at the end of its console.log.
+    try:
+        # A resumed run's clock goes on from the last row kept: wall time stays the x-axis.
+        start = time.monotonic() - (logger.last_row or {"wall_time_s": 0.0})["wall_time_s"]
+        # The SIGTERM handler goes in after the launch: `ray.init` installs one of its own
+        # (sys.exit), which would otherwise end the run without its final checkpoint.
+        with (
+            launchers.launch(program, cfg.launcher, **launcher_options) as running,
+            _sigterm_as_interrupt(),
+        ):
+            if roles:
+                scaler = _fixed_actors(running, cfg)
+            else:
+                scaler = _actor_scaler(running, builder, cfg, spec)
+            reason = _drive(running, cfg, logger, start, scaler)
+            print(f"stopping: {reason}", flush=True)
+            _stop_in_order(running, cfg, final_evaluation=reason != "interrupted")
+            if roles:
+                role_params = role_program.final_params(running, builders, cfg)
+            else:
+                params_version, params = _final_params(running, builder, cfg, spec)
+            snapshot = running.client("monitor").snapshot()
+            evaluations = running.client("monitor").evaluations()
+            restarts = running.client("monitor").restarts()
+    finally:
+        logger.close()
     wall_time = time.monotonic() - start
-    logger.close()
     if roles:
         final = role_program.final_evaluation(builders, cfg, role_params, reason)
         outcome = {

@@ -98,10 +98,11 @@ class ExperimentConfig:
         False, "learner", "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."
     )
     replay_backend: str = setting(
-        replay.NATIVE,
+        replay.DEFAULT_BACKEND,
         "replay",
-        "The replay backend: reverb (a Reverb server per shard) or native (numpy tables in "
-        "the replay node's process, no TensorFlow; gorila_jax/replay/api.py, docs/replay.md).",
+        "The replay backend: native (numpy tables in the replay node's process, no "
+        "TensorFlow; the default set's only one) or reverb (a Reverb server per shard; the "
+        "DeepMind set's default). gorila_jax/replay/api.py, docs/replay.md.",
         choices=replay.BACKENDS,
         flag="replay",
     )
@@ -469,7 +470,11 @@ class ExperimentConfig:
 
     def _check_replay(self) -> None:
         """Replay shards need a writer each and ports below 65536; what the native backend
-        does not do is refused."""
+        does not do, or a backend this set does not install, is refused."""
+        try:
+            replay.require(self.replay_backend)
+        except replay.BackendMissing as error:
+            raise ValueError(str(error)) from None
         if self.num_replay_shards > self.num_actors:
             raise ValueError(
                 f"num_replay_shards={self.num_replay_shards} exceeds num_actors="

@@ -12,8 +12,9 @@ import pytest
 
 from agents import dqn, ppo, sac
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, replay
+from gorila_jax import envs
 from gorila_jax.acting import actor
+from tests.backends import DefaultReplayNode
 
 CARTPOLE = envs.env_spec("CartPole-v1")
 PENDULUM = envs.env_spec("Pendulum-v1")
@@ -90,7 +91,7 @@ ENV_STEPS = 120  # one env: CartPole episodes of random play end every ~20 steps
 
 @pytest.fixture(scope="module")
 def replay_node():
-    node = replay.ReplayNode(functools.partial(dqn.DQNBuilder(CONFIG).replay_tables, CARTPOLE))
+    node = DefaultReplayNode(functools.partial(dqn.DQNBuilder(CONFIG).replay_tables, CARTPOLE))
     yield node
     node.close()
 

@@ -13,13 +13,13 @@ import os
 
 import numpy as np
 import pytest
-import reverb
 
 from agents import dqn, ppo, sac
 from gorila_jax import envs, replay, types
 from gorila_jax.health import balance
 from gorila_jax.learning import learner
 from gorila_jax.run import elastic, experiment, wiring
+from tests.backends import DefaultReplayNode
 from tests import fakes
 from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
 from tests.gorila_jax.test_elastic import _Actors
@@ -315,7 +315,7 @@ def _share_of_actor_1(before: dict, after: dict) -> float:
 
 def learner_on_a_dqn_table(
     config: dqn.DQNConfig,
-) -> tuple[replay.ReplayNode, learner.LearnerNode, replay.ItemCodec]:
+) -> tuple:
     """A real learner on DQN's real prioritized table for CartPole, without the rate
     limiter (which would hold samples back with no new inserts); and the items' codec."""
     spec = envs.env_spec("CartPole-v1")
@@ -330,7 +330,7 @@ def learner_on_a_dqn_table(
             )
         ]
 
-    replay_node = replay.ReplayNode(table)
+    replay_node = DefaultReplayNode(table)
     return replay_node, learner.LearnerNode(builder, spec, replay_node, None, 0, 1), codec
 
 
@@ -345,7 +345,7 @@ def test_downweighting_lowers_the_dominant_actors_share_of_what_the_learner_samp
         return node._heartbeat_counters()  # what its heartbeats report
 
     try:
-        writer = replay.TransitionWriter(reverb.Client(replay_node.address()), table)
+        writer = replay.connect(replay_node).writer(table)
         for actor, count in ((0, 100), (1, 900)):
             items = codec.encode(random_transitions(count, seed=actor), source=actor)
             writer.write(items, np.ones(count))

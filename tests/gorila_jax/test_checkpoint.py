@@ -15,7 +15,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-import reverb
 
 from agents import dqn
 from gorila_jax import envs, replay, types
@@ -23,6 +22,7 @@ from gorila_jax.distributed import launchers
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from tests import fakes
+from tests.backends import DefaultReplayNode
 
 SPEC = envs.env_spec("CartPole-v1")
 CONFIG = dataclasses.replace(
@@ -161,12 +161,12 @@ def test_resumed_nodes_hold_the_saved_parameters_replay_and_counters(tmp_path):
 def _fake_run(logdir, steps: list[int]) -> None:
     """Learner and replay checkpoints at `steps`, each with a state of its own, as a run leaves."""
     builder = dqn.DQNBuilder(CONFIG)
-    node = replay.ReplayNode(
+    node = DefaultReplayNode(
         functools.partial(builder.replay_tables, SPEC),
         checkpoint_dir=checkpoint.replay_dir(logdir),
     )
     codec = builder.item_codec(SPEC)
-    writer = replay.TransitionWriter(reverb.Client(node.address()), dqn.builder.TABLE)
+    writer = replay.connect(node).writer(dqn.builder.TABLE)
     obs = SPEC.zeros_observation(10)
     zeros = np.zeros(10, np.float32)
     items = types.Transition(obs, np.zeros(10, np.int32), zeros, zeros, obs)
@@ -200,12 +200,18 @@ def _truncate(pattern: str) -> None:
     [
         "learner/20/state.npz",  # array data
         "learner/20/meta.json",  # counters
-        "replay/20/chunks.tfrecord",  # Reverb would load it as an empty table
+        "replay/20/<items>",  # the replay's items (Reverb would load them as an empty table)
     ],
 )
 def test_a_truncated_checkpoint_is_skipped_with_a_warning(tmp_path, caplog, damage):
     _fake_run(tmp_path, [10, 20])
-    _truncate(os.path.join(checkpoint.checkpoint_root(tmp_path), damage))
+    path = os.path.join(checkpoint.checkpoint_root(tmp_path), damage)
+    if path.endswith("<items>"):  # each backend's own file of them
+        directory = os.path.dirname(path)
+        native = replay.checkpoint_backend(directory) == replay.NATIVE
+        items = f"table-{dqn.builder.TABLE}.npz" if native else "chunks.tfrecord"
+        path = os.path.join(directory, items)
+    _truncate(path)
     with caplog.at_level(logging.WARNING):
         resume = checkpoint.find_resume_point(str(tmp_path), _target())
     assert resume.step == 10

@@ -1,18 +1,18 @@
 """Observations stored in replay as bfloat16 or float8 (`--config.replay_obs_dtype`): error
 bounds, bytes per item, the scale every process derives alike, the learner's update on
-decoded observations against float32, and a real Reverb round trip."""
+decoded observations against float32, and a round trip through each replay backend."""
 
 import dataclasses
 
 import jax
 import numpy as np
 import pytest
-import reverb
 
 from agents import dqn, sac
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, replay, types
 from gorila_jax.learning import step as step_lib
+from tests.backends import BACKENDS
 
 COMPACT = ("bfloat16", "float8_e4m3")
 
@@ -109,23 +109,25 @@ def _transitions(count: int, spec: types.EnvSpec, seed: int) -> types.Transition
     )
 
 
-def test_reverb_round_trip_keeps_compact_bytes_and_decodes_on_the_learners_device():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_replay_round_trip_keeps_compact_bytes_and_decodes_on_the_learners_device(backend):
     spec = envs.env_spec("HalfCheetah-v4")
     builder = sac.SACBuilder(sac.SACConfig(replay_obs_dtype="float8_e4m3"))
     codec = builder.item_codec(spec)
     items = _transitions(8, spec, seed=0)
-    server = reverb.Server(
-        [replay.reverb_table(_table(codec))],
-        port=None,
-    )
+    node = replay.node_class(backend)(lambda: [_table(codec)])
     try:
-        writer = replay.TransitionWriter(reverb.Client(f"localhost:{server.port}"), "t")
+        writer = replay.connect(node).writer("t")
         writer.write(codec.encode(items, source=2), np.ones(8))
         writer.flush()
         writer.close()
-        sample = next(iter(replay.batches(f"localhost:{server.port}", "t", 8, codec)))
+        sampler = replay.ReplayShards(node).sampler("t", codec)
+        try:
+            sample = next(iter(sampler.batches(8)))
+        finally:
+            sampler.close()
     finally:
-        server.stop()
+        node.close()
     assert sample.data.observation.dtype == np.dtype(replay.STORAGE_DTYPES["float8_e4m3"])
     np.testing.assert_array_equal(sample.sources, 2)
     expanded = jax.jit(codec.expand)(sample.data)  # as the learner's step runs it

@@ -9,13 +9,13 @@ import threading
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reverb
 
 from agents import dqn, ppo, sac
 from agents.dqn import learning as dqn_learning
 from gorila_jax import demonstrations, envs, replay
 from gorila_jax.learning import learner
 from tests.gorila_jax.test_balance import random_transitions
+from tests.backends import DefaultReplayNode, sampled_items
 
 CARTPOLE = envs.env_spec("CartPole-v1")
 DQN_CONFIG = dataclasses.replace(
@@ -123,7 +123,7 @@ def _server_with_demos(builder, spec, demo_dir):
         return [own, replay.demo_table(codec.num_bytes)]
 
     loader = demonstrations.Loader(demo_dir, builder, spec)
-    return replay.ReplayNode(tables, preload=loader), codec
+    return DefaultReplayNode(tables, preload=loader), codec
 
 
 def test_loading_writes_one_item_per_step_once_across_restores(demo_dir, tmp_path):
@@ -144,14 +144,14 @@ def test_loading_writes_one_item_per_step_once_across_restores(demo_dir, tmp_pat
         def tables():
             return [replay.demo_table(codec.num_bytes)]
 
-        first = replay.ReplayNode(
+        first = DefaultReplayNode(
             tables, checkpoint_dir=checkpoint_dir, preload=loader if loaded_before else None
         )
         try:
             first.checkpoint(10)
         finally:
             first.close()
-        restored = replay.ReplayNode(
+        restored = DefaultReplayNode(
             tables, checkpoint_dir=checkpoint_dir, restore_step=replay.NEWEST, preload=loader
         )
         try:
@@ -170,7 +170,7 @@ def test_a_learner_samples_demonstrations_at_the_configured_share_and_sends_no_p
     node, codec = _server_with_demos(builder, CARTPOLE, demo_dir)
     learner_node = learner.LearnerNode(builder, CARTPOLE, node, None, 0, 1)
     try:
-        writer = replay.TransitionWriter(reverb.Client(node.address()), builder.sample_table)
+        writer = replay.connect(node).writer(builder.sample_table)
         writer.write(codec.encode(random_transitions(1000, seed=0), source=0), np.ones(1000))
         writer.close()
         for _ in range(40):
@@ -185,9 +185,8 @@ def test_a_learner_samples_demonstrations_at_the_configured_share_and_sends_no_p
     try:
         # New priorities reached the learner's own items (written at 1.0), and nothing
         # was lost or added in the demonstration table.
-        client = reverb.Client(node.address())
-        samples = client.sample(builder.sample_table, num_samples=200)
-        priorities = {float(sample[0].info.priority) for sample in samples}
+        sampled = sampled_items(node, builder.sample_table, 200, DQN_CONFIG.priority_exponent)
+        priorities = {round(priority, 4) for _, priority in sampled.values()}
         assert priorities - {1.0}
         assert node.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
     finally:
@@ -229,7 +228,7 @@ def test_sac_learns_from_batches_mixed_with_demonstrations(tmp_path):
     try:
         # Items of its own table, as actor 0's adder writes them: other random episodes.
         own = demonstrations.record("Pendulum-v1", random_torque, episodes=1, seed=1)
-        connection = replay.ReverbConnection(reverb.Client(node.address()))
+        connection = replay.connect(node)
         adder = builder.make_adder(connection, spec, 1, threading.Event())
         demonstrations.add_episodes(adder, own, source=0)
         adder.close()

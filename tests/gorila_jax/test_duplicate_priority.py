@@ -1,14 +1,14 @@
 """Duplicate-aware priorities (`--config.priority_duplicate_bonus`): content hashes, the
-learner's count of actors per transition, and a real learner's priorities in Reverb."""
+learner's count of actors per transition, and a real learner's priorities in its replay."""
 
 import dataclasses
 
 import numpy as np
 import pytest
-import reverb
 
 from agents import dqn
 from gorila_jax import envs, replay
+from tests.backends import sampled_items
 from tests.gorila_jax.test_balance import learner_on_a_dqn_table, random_transitions
 
 BONUS = 100.0  # far above |TD error| of these transitions (rewards ~ N(0, 1)): easy to read
@@ -68,7 +68,7 @@ def test_a_learner_adds_eps_sqrt_n_to_the_new_priority_of_a_transition_n_actors_
     table = dqn.DQNBuilder(CONFIG).sample_table
     shared, own = random_transitions(100, seed=1), random_transitions(100, seed=2)
     try:
-        writer = replay.TransitionWriter(reverb.Client(replay_node.address()), table)
+        writer = replay.connect(replay_node).writer(table)
         # Written at a priority above any new one, as actors write at the replay's
         # largest: each item is sampled before the learner samples updated ones again.
         first = np.full(100, 3 * BONUS)
@@ -82,11 +82,11 @@ def test_a_learner_adds_eps_sqrt_n_to_the_new_priority_of_a_transition_n_actors_
         node.stop()
         node.close()
     try:
-        client = reverb.Client(replay_node.address())
-        found = {}  # key -> (content hash, priority)
-        for item in client.sample(table, 8000, emit_timesteps=False):
-            content = codec.content_hashes(item.data[0][None])[0]
-            found[int(item.info.key)] = (content, float(item.info.priority))
+        sampled = sampled_items(replay_node, table, 8000, CONFIG.priority_exponent)
+        found = {  # key -> (content hash, priority)
+            key: (codec.content_hashes(row[None])[0], priority)
+            for key, (row, priority) in sampled.items()
+        }
     finally:
         replay_node.close()
     assert len(found) == 400, len(found)

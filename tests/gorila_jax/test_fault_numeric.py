@@ -6,7 +6,6 @@ import functools
 import jax
 import numpy as np
 import pytest
-import reverb
 
 from agents import dqn, ppo, sac
 from gorila_jax import builder as builder_lib
@@ -16,6 +15,7 @@ from gorila_jax.learning import step as step_lib
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 from tests.agents.ppo import test_learning as ppo_test
 from tests.agents.sac import test_learning as sac_test
+from tests.backends import BACKENDS, DefaultReplayNode, first_batch, sampled_items
 
 
 def _guarded(num_devices: int, cfg=TINY):
@@ -126,31 +126,27 @@ def test_the_scale_moves_sacs_trainable_params_and_not_its_target_critics():
         _assert_params_moved_by(0.5, *(getattr(tree, name) for tree in (start, full, scaled)))
 
 
-def test_non_finite_priorities_are_dropped_and_the_items_keep_their_old_ones():
-    table = reverb.Table(
-        "t",
-        sampler=reverb.selectors.Prioritized(1.0),
-        remover=reverb.selectors.Fifo(),
-        max_size=10,
-        rate_limiter=reverb.rate_limiters.MinSize(1),
-    )
-    server = reverb.Server([table])
-    client = server.localhost_client()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_priorities_are_dropped_and_the_items_keep_their_old_ones(backend):
+    def tables():
+        return [replay.prioritized_table("t", 10, 1.0, replay.RateLimit(1), 4)]
+
+    node = replay.node_class(backend)(tables)
     try:
-        for value in range(2):
-            client.insert(np.float32(value), {"t": 1.0})
-        items = list(client.sample("t", num_samples=50))
-        # uint64 as the learner holds them: a plain list of such large ints becomes float64.
-        keys = np.unique(np.array([sample[0].info.key for sample in items], np.uint64))
-        assert keys.size == 2
-        updater = replay.PriorityUpdater(client, "t")
+        writer = replay.connect(node).writer("t")
+        writer.write(np.arange(8, dtype=np.uint8).reshape(2, 4), np.ones(2))
+        writer.close()
+        # uint64 keys, as the learner holds them.
+        keys = np.unique(first_batch(node, "t", 50).keys)
+        assert keys.size == 2 and keys.dtype == np.uint64
+        updater = replay.ReplayShards(node).priority_updater("t")
         updater.submit(keys, np.array([np.nan, 5.0]))
         updater.close()
-        samples = [s[0].info for s in client.sample("t", num_samples=400)]
-        priorities = {int(s.key): float(s.priority) for s in samples}
-        assert priorities == {int(keys[0]): 1.0, int(keys[1]): 5.0}
+        sampled = sampled_items(node, "t", 400, exponent=1.0)
+        priorities = {key: priority for key, (_, priority) in sampled.items()}
+        assert priorities == pytest.approx({int(keys[0]): 1.0, int(keys[1]): 5.0})
     finally:
-        server.stop()
+        node.close()
 
 
 # ---------------------------------------------------------------- rollback on a real learner
@@ -186,19 +182,17 @@ class _NanBatches:
         self._real.close()
 
 
-def _fill(server_address: str, builder, count: int) -> None:
+def _fill(replay_node, builder, count: int) -> None:
     codec = builder.item_codec(SPEC)
     items = codec.encode(_random_batch(0, size=count).data)
-    with reverb.Client(server_address).trajectory_writer(1) as writer:
-        for row in items:
-            writer.append({"item": row})
-            writer.create_item(dqn.builder.TABLE, 1.0, writer.history["item"][-1])
-        writer.flush()
+    writer = replay.connect(replay_node).writer(dqn.builder.TABLE)
+    writer.write(items, np.ones(count))
+    writer.close()
 
 
 def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate(tmp_path):
     builder = dqn.DQNBuilder(CONFIG)
-    replay_node = replay.ReplayNode(
+    replay_node = DefaultReplayNode(
         functools.partial(builder.replay_tables, SPEC), checkpoint_dir=str(tmp_path / "replay")
     )
     node = learner.LearnerNode(
@@ -213,7 +207,7 @@ def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate
         rollback_lr_factor=0.5,
     )
     try:
-        _fill(replay_node.address(), builder, 300)  # below the rate limiter's insert cap
+        _fill(replay_node, builder, 300)  # below the rate limiter's insert cap
         for _ in range(5):
             assert node.step(timeout=60)
         saved_at = node.save_checkpoint()
@@ -241,12 +235,12 @@ def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate
 
 def test_without_a_checkpoint_the_rollback_fails_with_the_reason(tmp_path):
     builder = dqn.DQNBuilder(CONFIG)
-    replay_node = replay.ReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
     node = learner.LearnerNode(
         builder, SPEC, replay_node, None, 0, num_devices=1, max_nonfinite_steps=2
     )
     try:
-        _fill(replay_node.address(), builder, 300)
+        _fill(replay_node, builder, 300)
         assert node.step(timeout=60)
         node._prefetcher = _NanBatches(node._prefetcher, node._devices)
         with pytest.raises(

@@ -12,7 +12,7 @@ import pytest
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, parallel, replay
+from gorila_jax import envs, parallel
 from gorila_jax.distributed import launchers, program
 from gorila_jax.gorila import compression, mode, parameter_server, shard_node, workers
 from gorila_jax.learning import checkpoint, sync_learner
@@ -20,6 +20,7 @@ from gorila_jax.learning import step as step_lib
 from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
 from tests.gorila_jax.test_fault_numeric import _nan_batch
+from tests.backends import DefaultReplayNode
 
 SPEC = envs.env_spec("CartPole-v1")
 SEED = 3
@@ -33,7 +34,7 @@ def _gorila_program(
     graph = program.Program("gorila-test")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            replay.ReplayNode, functools.partial(builder.replay_tables, SPEC)
+            DefaultReplayNode, functools.partial(builder.replay_tables, SPEC)
         )
     with graph.group("parameter_server"):
         shards = [

@@ -1,6 +1,7 @@
 """Hard inputs (issue 6, item 7): each gives a clear error or a recovery, never a hang or garbage.
 
-Real Reverb servers and files on disk; no Ray. An unreachable --ray_address
+Real replay nodes and files on disk; no Ray. The Reverb backend's own cases run on the
+DeepMind set (`needs_reverb`). An unreachable --ray_address
 is tested in test_launchers.py (`test_unreachable_ray_address_fails_fast`).
 """
 
@@ -14,13 +15,14 @@ import time
 import jax
 import numpy as np
 import pytest
-import reverb
-import tensorflow as tf
 
 from agents import dqn
 from gorila_jax import envs, replay
 from gorila_jax.learning import checkpoint, prefetch
 from gorila_jax.run import experiment
+from tests.backends import needs_reverb, optional_module
+
+reverb = optional_module("reverb")
 
 TABLE = "transitions"
 CODEC = replay.ItemCodec({"observation": np.zeros(4, np.float32), "action": np.int32(0)})
@@ -45,6 +47,7 @@ def _tables():
 # ---------------------------------------------------------------- mis-shaped items
 
 
+@needs_reverb
 def test_a_mis_shaped_item_is_rejected_at_insert_naming_the_table_and_shapes():
     server = reverb.Server([replay.reverb_table(table) for table in _tables()])
     writer = replay.TransitionWriter(reverb.Client(f"localhost:{server.port}"), TABLE)
@@ -62,6 +65,7 @@ def test_a_mis_shaped_item_is_rejected_at_insert_naming_the_table_and_shapes():
         server.stop()
 
 
+@needs_reverb
 def test_sampled_items_of_another_layout_fail_to_decode_naming_the_table_and_shapes():
     # A table of another agent config or environment (a replay checkpoint of
     # another run): its items are valid for it, but not for this learner's codec.
@@ -111,12 +115,14 @@ def test_the_learner_samples_again_when_the_replay_connection_drops():
     def make_batches(batch_size: int):
         made.append(batch_size)
         if len(made) == 1:  # the server went away under the first iterator
-            raise tf.errors.UnavailableError(None, None, "Socket closed")
+            raise ConnectionResetError("Socket closed")
         return iter([_batch(batch_size)] * 3)
 
     stop = threading.Event()
     devices = jax.local_devices()[:1]
-    prefetcher = prefetch.DevicePrefetcher(_lazy(make_batches), lambda: 4, devices, stop)
+    prefetcher = prefetch.DevicePrefetcher(
+        _lazy(make_batches), lambda: 4, devices, stop, connection_errors=(ConnectionError,)
+    )
     try:
         item = _first_batch(prefetcher)
         assert item is not None, "no batch after the connection came back"
@@ -168,6 +174,7 @@ def _checkpointed_node(checkpoint_dir: str, steps: list[int]) -> None:
         node.close()
 
 
+@needs_reverb
 def test_a_restarted_replay_skips_a_truncated_checkpoint_and_restores_the_one_before(
     tmp_path, caplog
 ):
@@ -186,6 +193,7 @@ def test_a_restarted_replay_skips_a_truncated_checkpoint_and_restores_the_one_be
         node.close()
 
 
+@needs_reverb
 def test_a_restarted_replay_without_an_intact_checkpoint_starts_empty(tmp_path):
     checkpoint_dir = str(tmp_path / "replay")
     _checkpointed_node(checkpoint_dir, [10])
@@ -220,6 +228,7 @@ def test_a_config_file_with_unknown_fields_fails_naming_them(tmp_path):
 # ---------------------------------------------------------------- ports
 
 
+@needs_reverb
 def test_a_replay_port_in_use_fails_naming_the_port():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -229,6 +238,7 @@ def test_a_replay_port_in_use_fails_naming_the_port():
             replay.ReplayNode(_tables, port=port)
 
 
+@needs_reverb
 def test_a_port_the_run_picked_and_another_process_took_since_is_swapped_for_a_free_one():
     # Seen in CI: the kernel handed a picked port to another process's connection in
     # the minute before the replay bound it, and its restarts failed the same way.
@@ -246,7 +256,8 @@ def test_a_port_the_run_picked_and_another_process_took_since_is_swapped_for_a_f
             node.close()
 
 
-def test_a_free_replay_port_is_used_and_a_bad_one_is_refused_before_the_run():
+@needs_reverb
+def test_a_free_replay_port_is_used():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -255,6 +266,9 @@ def test_a_free_replay_port_is_used_and_a_bad_one_is_refused_before_the_run():
         assert node.address().endswith(f":{port}")
     finally:
         node.close()
+
+
+def test_a_replay_port_out_of_range_is_refused_before_the_run():
     with pytest.raises(ValueError, match="replay_port must be in 0..65535, got 70000"):
         experiment.ExperimentConfig(replay_port=70_000).validate()
 

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from agents import dqn
-from gorila_jax import envs, replay
+from gorila_jax import envs
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
 from tests import fakes
+from tests.backends import DefaultReplayNode, first_batch
 
 SPEC = envs.env_spec("CartPole-v1")
 GAMMA, N_STEP = 0.9, 3
@@ -34,7 +35,7 @@ def _program(actor_steps: int, config: dqn.DQNConfig = CONFIG) -> program.Progra
     graph = program.Program("nodes")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            replay.ReplayNode, functools.partial(builder.replay_tables, SPEC)
+            DefaultReplayNode, functools.partial(builder.replay_tables, SPEC)
         )
     with graph.group("learner"):
         learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
@@ -68,9 +69,8 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
         # Items on the table: CartPole pays 1 per step, so an m-step item has
         # reward (1 - gamma**m) / (1 - gamma) and discount gamma**m, or 0 at a
         # termination; m is N_STEP except at episode ends.
-        address = replay_client.address()
         codec = dqn.DQNBuilder(CONFIG).item_codec(SPEC)
-        batch = next(replay.batches(address, table, batch_size=64, codec=codec))
+        batch = first_batch(replay_client, table, 64, codec)
         reward, discount = batch.data.reward, batch.data.discount
         bootstrapped = discount > 0
         np.testing.assert_allclose(
@@ -80,7 +80,7 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
         for r in reward[~bootstrapped]:
             assert min(abs(r - f) for f in full_returns) < 1e-4
 
-        # The learner's updates reach the actor and change the priorities in Reverb.
+        # The learner's updates reach the actor and change the priorities in the replay.
         assert learner_client.get_params()[0] == 0
         steps = 0
         while steps < 20:
@@ -88,7 +88,7 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
         assert learner_client.get_params()[0] == 20
         assert fakes.wait_until(lambda: actor_client.counters()["param_version"] >= 1, 60)
         learner_client.close()  # drains queued priority updates
-        probabilities = next(replay.batches(address, table, batch_size=64)).probabilities
+        probabilities = first_batch(replay_client, table, 64).probabilities
         assert np.ptp(probabilities) > 0, "priorities still all equal after 20 updates"
 
 
@@ -133,7 +133,7 @@ def test_actor_stops_at_its_env_step_budget():
 
 def test_learner_rejects_more_devices_than_the_host_has():
     builder = dqn.DQNBuilder(CONFIG)
-    replay_node = replay.ReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
     try:
         with pytest.raises(ValueError, match="num_learner_devices=8 but this host has 4"):
             learner.LearnerNode(builder, SPEC, replay_node, None, 0, num_devices=8)

@@ -21,11 +21,16 @@ from gorila_jax import envs, replay, types
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
 from tests import conftest
+from tests.backends import REVERB_MARKS, needs_ray, needs_reverb
 
 TABLE = "t"
 WIDTH = 16
 ALPHA = 0.6
-BACKENDS = ("reverb", "native", "native-ray")
+BACKENDS = (
+    pytest.param("reverb", marks=REVERB_MARKS),
+    "native",
+    pytest.param("native-ray", marks=needs_ray),
+)
 
 
 def _rows(ids) -> np.ndarray:
@@ -261,6 +266,7 @@ def test_a_checkpoint_restores_the_same_items_and_priorities(nodes, tmp_path):
     assert set(ids.tolist()) == set(range(20))
 
 
+@needs_reverb
 def test_a_checkpoint_of_the_other_backend_is_refused_naming_both(tmp_path):
     native = replay.NativeReplayNode(NODES["probabilities"], checkpoint_dir=str(tmp_path))
     _write(native, range(4))

@@ -1,4 +1,7 @@
-"""Replay sharded over several real Reverb servers: writes, cross-shard sampling, priorities."""
+"""Replay sharded over several real replay nodes: writes, cross-shard sampling, priorities.
+
+The cross-shard sampler of Reverb (`replay.ShardedSampler`) is tested here on real Reverb
+servers (the DeepMind set); the contract suite tests both backends' (test_replay_contract.py)."""
 
 import dataclasses
 import functools
@@ -9,10 +12,6 @@ import time
 import jax
 import numpy as np
 import pytest
-import reverb
-import tensorflow as tf
-from reverb.cc import schema_pb2
-from reverb.cc.checkpointing import checkpoint_pb2
 
 from agents import dqn
 from gorila_jax import builder as builder_lib
@@ -22,6 +21,7 @@ from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import checkpoint, learner
 from gorila_jax.run import experiment
 from tests import fakes
+from tests.backends import DefaultReplayNode, needs_reverb
 
 TABLE = "table"
 EXPONENT = 0.6
@@ -46,6 +46,9 @@ def saved_shard_use(logdir, step: int, table: str, initial_priority: float) -> l
                 {**use, "inserts": inserts, "samples": samples, "updated_priorities": updated}
             )
             continue
+        from reverb.cc import schema_pb2  # the DeepMind set's only
+        from reverb.cc.checkpointing import checkpoint_pb2
+
         for record in _records(os.path.join(path, "tables.tfrecord")):
             saved = checkpoint_pb2.PriorityTableCheckpoint.FromString(record)
             if saved.table_name == table:
@@ -59,6 +62,8 @@ def saved_shard_use(logdir, step: int, table: str, initial_priority: float) -> l
 
 
 def _records(path: str):
+    import tensorflow as tf  # the DeepMind set's only
+
     return tf.data.TFRecordDataset(path, compression_type="ZLIB").as_numpy_iterator()
 
 
@@ -88,7 +93,7 @@ def two_shards():
 
 
 def _batches(
-    sampler: replay.ShardedSampler,
+    sampler,
     batch_size: int,
     timeout_s: float = 120.0,
     retry_unreachable: bool = False,
@@ -109,12 +114,13 @@ def _batches(
                 raise
 
 
-def _rows(sampler: replay.ShardedSampler, batch_size: int, count: int) -> list:
+def _rows(sampler, batch_size: int, count: int) -> list:
     batches = list(itertools.islice(_batches(sampler, batch_size), count))
     assert len(batches) == count, f"{len(batches)} of {count} batches within the timeout"
     return batches
 
 
+@needs_reverb
 def test_sampling_covers_the_shards_in_proportion_to_their_priority_mass(two_shards):
     # Mass = sum of priority**alpha: 100 * 1 on shard 0, 100 * 3 on shard 1.
     _fill(two_shards[0], 0, np.ones(100))
@@ -130,6 +136,7 @@ def test_sampling_covers_the_shards_in_proportion_to_their_priority_mass(two_sha
         assert len(np.unique(np.concatenate([b.keys for b in batches]))) == 200  # every item seen
 
 
+@needs_reverb
 def test_rows_carry_global_probabilities_and_the_total_table_size(two_shards):
     # Unequal shards: 30 items of priorities 1..30, and 70 of priorities 31..100.
     priorities = np.arange(1.0, 101.0)
@@ -148,6 +155,7 @@ def test_rows_carry_global_probabilities_and_the_total_table_size(two_shards):
         np.testing.assert_allclose(weights, 100 * row_priority**EXPONENT / total_mass, 1e-9)
 
 
+@needs_reverb
 def test_one_shard_gives_reverb_batches_unchanged(two_shards):
     _fill(two_shards[0], 0, np.arange(1.0, 51.0))
     with replay.ShardedSampler(two_shards[:1], TABLE, CODEC) as sampler:
@@ -161,6 +169,7 @@ def test_one_shard_gives_reverb_batches_unchanged(two_shards):
         np.testing.assert_array_equal(batch.table_size, 50)
 
 
+@needs_reverb
 def test_close_waits_for_the_datasets_that_ended_before_it():
     """A shard's dataset ends each time the rate limiter holds samples back past its
     timeout, and the next batch starts another: `close` must wait for the threads of
@@ -184,6 +193,7 @@ def _blocking_table():
     return replay.prioritized_table(TABLE, 1000, EXPONENT, limiter, CODEC.num_bytes)
 
 
+@needs_reverb
 def test_uniform_and_queue_tables_sample_across_shards_too():
     # A uniform table (SAC): every item of the 30 + 90 equally likely, P = 1 / 120.
     def uniform_tables():  # a rate limiter belongs to one table: a new one each time
@@ -218,20 +228,24 @@ def test_uniform_and_queue_tables_sample_across_shards_too():
             node.close()
 
 
-class _RecordingClient(reverb.Client):
+class _RecordingClient:
     """A real Reverb client that also records the keys it was asked to re-prioritize."""
 
     def __init__(self, address: str):
-        super().__init__(address)
+        import reverb  # the DeepMind set's only
+
+        self._client = reverb.Client(address)
         self.mutated: set[int] = set()
 
     def mutate_priorities(self, table, updates=None, deletes=None):
         self.mutated.update(int(key) for key in (updates or {}))
-        return super().mutate_priorities(table, updates=updates, deletes=deletes)
+        return self._client.mutate_priorities(table, updates=updates, deletes=deletes)
 
 
-def _priorities_on(node: replay.ReplayNode, count: int) -> dict[int, float]:
+def _priorities_on(node, count: int) -> dict[int, float]:
     """key -> priority of each of the shard's `count` items, read back from its server."""
+    import reverb  # the DeepMind set's only
+
     client = reverb.Client(node.address())
     # 5000 samples: an item of priority 1 among ones of up to 140 is missed with p < 1e-9.
     samples = client.sample(TABLE, num_samples=5000)
@@ -240,6 +254,7 @@ def _priorities_on(node: replay.ReplayNode, count: int) -> dict[int, float]:
     return priorities
 
 
+@needs_reverb
 def test_priority_updates_reach_the_shard_that_owns_the_item_and_no_other(two_shards):
     _fill(two_shards[0], 0, np.ones(20))
     _fill(two_shards[1], 1, np.ones(20))
@@ -261,6 +276,7 @@ def test_priority_updates_reach_the_shard_that_owns_the_item_and_no_other(two_sh
                 assert priority == updated.get(key, 1.0)
 
 
+@needs_reverb
 def test_a_shard_restarted_at_another_address_is_sampled_again():
     class MovableShard:
         """A replay node's client whose server may be replaced, as a restarted node's is."""
@@ -311,7 +327,11 @@ def test_each_shard_keeps_its_share_of_the_tables():
     assert limits.max_diff - limits.min_diff >= 2 * max(1, limits.samples_per_insert)
     queue = replay.shard_tables(lambda: [replay.queue_table("q", 64, 8)], 4)[0]
     assert queue.max_size == 16 and queue.kind == replay.QUEUE
-    # Reverb's queue of that size holds its writers once full.
+
+
+@needs_reverb
+def test_reverb_holds_the_writers_of_a_full_shard_queue():
+    queue = replay.shard_tables(lambda: [replay.queue_table("q", 64, 8)], 4)[0]
     built = replay.reverb_table(queue)
     assert built.info.max_times_sampled == 1 and built.info.rate_limiter_info.max_diff == 16
 
@@ -356,7 +376,7 @@ def _actor_program(budgets: dict[int, int]) -> program.Program:
         replay.shard_tables, functools.partial(builder.replay_tables, SPEC), 2
     )
     with graph.group("replay"):
-        shards = [graph.add_node(replay.ReplayNode, make_tables) for _ in range(2)]
+        shards = [graph.add_node(DefaultReplayNode, make_tables) for _ in range(2)]
     with graph.group("learner"):
         learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, shards, None, 0, 1)
     with graph.group("actor"):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gorila_jax import replay
+from tests.backends import BACKENDS, needs_reverb
 from tests.gorila_jax.test_sharded_replay import CODEC, EXPONENT, TABLE, _fill
 
 HOT = 50
@@ -23,11 +24,11 @@ def _tiering(tmp_path, cold_size: int = 1000) -> replay.Tiering:
     return replay.Tiering(TABLE, HOT, cold_size, str(tmp_path / "cold"))
 
 
-def _write(node: replay.ReplayNode, priorities: np.ndarray, first: int = 0) -> None:
+def _write(node, priorities: np.ndarray, first: int = 0) -> None:
     _fill(node, 0, priorities, first)
 
 
-def _settled(node: replay.ReplayNode, cold_items: int, timeout_s: float = 60.0) -> dict:
+def _settled(node, cold_items: int, timeout_s: float = 60.0) -> dict:
     """The node's tier sizes once its mover has moved what the hot tier evicted."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -51,7 +52,7 @@ def _batches(
     return found
 
 
-@pytest.fixture(params=replay.BACKENDS)
+@pytest.fixture(params=BACKENDS)
 def node_class(request):
     """The replay node of each backend."""
     return replay.node_class(request.param)
@@ -181,6 +182,7 @@ def test_a_queue_table_cannot_be_tiered(tmp_path, node_class):
         node_class(queue, tiering=_tiering(tmp_path))
 
 
+@needs_reverb
 def test_reverbs_tiers_keep_the_samples_per_insert_ratio_together(tmp_path):
     """Samples of either tier count against one ratio: the learner cannot out-sample it by
     drawing cold rows, and a lagging learner holds the mover, then the actors, back (the

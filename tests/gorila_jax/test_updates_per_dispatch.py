@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agents import dqn, sac
-from gorila_jax import envs, parallel, replay
+from gorila_jax import envs, parallel
 from gorila_jax.distributed import launchers
 from gorila_jax.gorila import mode
 from gorila_jax.learning import step as step_lib
@@ -17,6 +17,7 @@ from gorila_jax.run import experiment, wiring
 from tests import fakes
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 from tests.gorila_jax import test_nodes
+from tests.backends import first_batch
 
 UPDATES = 4
 
@@ -79,8 +80,7 @@ def test_learner_node_takes_the_updates_of_one_call_and_writes_their_priorities(
         learner_client.close()  # drains queued priority updates
         # Each call sampled the rows of all its updates at once, and their priorities went back.
         assert replay_client.table_info()[table]["samples"] >= 3 * UPDATES * config.batch_size
-        address = replay_client.address()
-        probabilities = next(replay.batches(address, table, batch_size=64)).probabilities
+        probabilities = first_batch(replay_client, table, 64).probabilities
         assert np.ptp(probabilities) > 0, "priorities still all equal after the updates"
 
 

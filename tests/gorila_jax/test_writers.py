@@ -3,9 +3,9 @@ a writer following a replay node that moved."""
 
 import numpy as np
 import pytest
-import reverb
 
 from gorila_jax import replay
+from tests.backends import needs_reverb
 
 GAMMA = 0.5
 
@@ -109,7 +109,9 @@ def test_vectorized_matches_a_per_env_reference():
         valid = ~(valid & (terminated | truncated))
         obs = next_obs
     assert len(got) == len(expected) > 100
-    np.testing.assert_allclose(sorted(got), sorted(expected), rtol=1e-5)
+    # float32 returns of rewards that nearly cancel: an absolute bound of a few float32
+    # ulps of the rewards (numpy 2 keeps Python floats times float32 in float32).
+    np.testing.assert_allclose(sorted(got), sorted(expected), rtol=1e-5, atol=1e-6)
 
 
 class _MovingReplayNode:
@@ -122,7 +124,12 @@ class _MovingReplayNode:
         return self.current
 
 
+@needs_reverb
 def test_a_writer_follows_a_replay_node_restarted_at_another_address():
+    # The native replay's writer reaches its node through the program's client, which
+    # follows a restart itself (`RayClient`); Reverb's writer dials the server's address.
+    import reverb  # the DeepMind set's only
+
     codec = replay.ItemCodec(np.zeros(4, np.float32))
 
     def server():

@@ -57,7 +57,6 @@ def test_an_envs_family_follows_from_its_observations_and_actions(env_id, family
         ("CarRacing-v3", "CarRacing-v3 has channel-last images [96, 96, 3]"),
         ("gfootball/academy_empty_goal-v1", "has channel-last images [72, 96, 4]"),
         ("Basic-v1", "Basic-v1 has continuous actions without finite bounds"),  # vizdoom
-        ("FingerSpin-v1", "FingerSpin-v1: envpool cannot describe its spaces"),
         ("Go9x9-v1", "Go9x9-v1: envpool cannot describe its spaces"),  # pgx
     ],
 )

@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -157,29 +156,22 @@ def test_grid_points_are_the_product_of_the_values_with_readable_names():
 
 @pytest.mark.slow
 def test_a_failed_run_is_reported_and_the_sweep_goes_on_then_exits_non_zero(tmp_path):
-    # A Reverb replay port another process holds passes every check and fails at launch.
-    with socket.socket() as busy:
-        busy.bind(("", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
-        result = _sweep(
-            tmp_path,
-            "--seeds=1",
-            f"--grid=replay_port={port},0",
-            train_flags=(*TINY_RUN, "--replay=reverb"),
-        )
+    # A replay larger than the host's memory passes every check and fails at launch, when
+    # the replay node sizes its tables (CartPole's items: 10^10 of them are terabytes).
+    huge, fits = "max_replay_size=10000000000", "max_replay_size=1000"
+    result = _sweep(tmp_path, "--seeds=1", f"--grid=config.{huge},1000", train_flags=TINY_RUN)
     assert result.returncode == 1, result.stderr[-3000:]
-    assert f"[replay_port={port} seed=0] failed with exit code 1" in result.stdout
-    assert "already in use" in result.stdout  # the last lines of the run's console.log
-    assert "[replay_port=0 seed=0] finished" in result.stdout
+    assert f"[{huge} seed=0] failed with exit code 1" in result.stdout
+    assert "this host has" in result.stdout  # the last lines of the run's console.log
+    assert f"[{fits} seed=0] finished" in result.stdout
     with open(tmp_path / "sweep.json") as f:
         record = json.load(f)
     assert {run["group"]: run["status"] for run in record["runs"]} == {
-        f"replay_port={port}": "failed",
-        "replay_port=0": "finished",
+        huge: "failed",
+        fits: "finished",
     }
-    assert record["groups"][f"replay_port={port}"]["final_return"] is None
-    assert record["groups"]["replay_port=0"]["num_finished"] == 1
+    assert record["groups"][huge]["final_return"] is None
+    assert record["groups"][fits]["num_finished"] == 1
 
 
 @pytest.mark.slow

@@ -6,7 +6,6 @@ import functools
 
 import jax
 import numpy as np
-import reverb
 
 from agents import ppo
 from agents.ppo import learning
@@ -15,6 +14,7 @@ from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
 from tests import fakes
+from tests.backends import DefaultReplayNode, sampled_items
 
 SPEC = envs.env_spec("CartPole-v1")
 
@@ -114,7 +114,7 @@ def _program(config=TINY) -> program.Program:
     graph = program.Program("ppo-nodes")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            replay.ReplayNode, functools.partial(builder.replay_tables, SPEC)
+            DefaultReplayNode, functools.partial(builder.replay_tables, SPEC)
         )
     with graph.group("learner"):
         learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
@@ -141,12 +141,10 @@ def test_actor_chunks_reach_the_learner_once_and_a_full_queue_holds_the_actor():
         assert held_at <= bound and replay_client.table_info()[table]["size"] == capacity
 
         # What the actor wrote, checked against CartPole and its own policy.
-        # (client.sample takes exactly the items asked for; a dataset would take more.)
-        samples = reverb.Client(replay_client.address()).sample(
-            table, num_samples=4, emit_timesteps=False
-        )
+        # (taking exactly the items asked for: a sampler would take more from the queue.)
         codec = ppo.PPOBuilder(TINY).item_codec(SPEC)
-        data = codec.decode(np.stack([sample.data[0] for sample in samples]))
+        taken = sampled_items(replay_client, table, 4, exponent=1.0)  # a queue: no priorities
+        data = codec.decode(np.stack([row for row, _ in taken.values()]))
         assert np.all(data.reward == np.where(data.valid, 1.0, 0.0))  # CartPole pays 1 a step
         ended = data.terminated | data.truncated
         # Exactly the steps after an episode end are reset steps.

@@ -172,15 +172,16 @@ def test_temperature_drives_the_policy_entropy_toward_the_target(target_per_dim)
         actor_learning_rate=1e-2,
         critic_learning_rate=1e-2,
     )
-    _, infos = _train(1, [batch] * 200, cfg)
+    _, infos = _train(1, [batch] * 400, cfg)
     entropy = [float(info.metrics["entropy"][0]) for info in infos]
     alpha = [float(info.metrics["alpha"][0]) for info in infos]
-    # Measured (seed 0): entropy -0.04 -> 0.52 for target 0.5, -> -1.83 for
-    # target -2 (1-D squashed Gaussians top out at log 2 = 0.69).
-    start_gap = abs(entropy[0] - target_per_dim)
-    assert abs(np.mean(entropy[-10:]) - target_per_dim) < 0.25 * start_gap, entropy[::10]
-    # alpha first rises if the entropy is below the target, falls if it is above.
-    assert (alpha[5] > alpha[0]) == (entropy[0] < target_per_dim), alpha[:6]
+    # Measured (seed 0, 400 updates): JAX 0.4.34's initial policy had entropy -0.04, JAX
+    # 0.11's -2.31 (another initialization); on 0.11 the last ten updates average 0.56 for
+    # target 0.5 and -1.84 for target -2 (1-D squashed Gaussians top out at log 2 = 0.69).
+    assert abs(np.mean(entropy[-10:]) - target_per_dim) < 0.3, entropy[::20]
+    # The temperature's first (Adam) step follows the entropy's side of the target: alpha
+    # rises if the entropy is below it, falls if above.
+    assert (alpha[1] > alpha[0]) == (entropy[0] < target_per_dim), alpha[:6]
 
 
 def test_target_critics_take_a_polyak_step_every_period():

@@ -7,11 +7,11 @@ import threading
 import chex
 import jax
 import numpy as np
-import reverb
 
 from agents import sac
 from gorila_jax import envs, replay, types
 from gorila_jax.learning import learner
+from tests.backends import DefaultReplayNode, first_batch
 
 SPEC = envs.env_spec("HalfCheetah-v5")  # float64 observations [17], float32 actions [6]
 CONFIG = dataclasses.replace(
@@ -47,8 +47,8 @@ def _env_steps(seed: int, count: int) -> list[types.EnvStep]:
     return steps
 
 
-def _fill(builder: sac.SACBuilder, address: str, steps: list[types.EnvStep]) -> None:
-    connection = replay.ReverbConnection(reverb.Client(address))
+def _fill(builder: sac.SACBuilder, replay_node, steps: list[types.EnvStep]) -> None:
+    connection = replay.connect(replay_node)
     adder = builder.make_adder(connection, SPEC, NUM_ENVS, threading.Event())
     for step in steps:
         adder.add(step)
@@ -58,17 +58,13 @@ def _fill(builder: sac.SACBuilder, address: str, steps: list[types.EnvStep]) -> 
 
 def test_continuous_transitions_round_trip_through_replay():
     builder = sac.SACBuilder(CONFIG)
-    replay_node = replay.ReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
     try:
         steps = _env_steps(seed=0, count=10)
-        _fill(builder, replay_node.address(), steps)
+        _fill(builder, replay_node, steps)
         # Every item the adder was given is in the table once close() returns.
         assert replay_node.table_info()[sac.builder.TABLE]["size"] == 10 * NUM_ENVS
-        batch = next(
-            replay.batches(
-                replay_node.address(), builder.sample_table, 16, builder.item_codec(SPEC)
-            )
-        )
+        batch = first_batch(replay_node, builder.sample_table, 16, builder.item_codec(SPEC))
     finally:
         replay_node.close()
     data = batch.data
@@ -94,10 +90,10 @@ def test_continuous_transitions_round_trip_through_replay():
 
 def test_parameters_an_actor_holds_stay_as_published_while_the_learner_steps():
     builder = sac.SACBuilder(CONFIG)
-    replay_node = replay.ReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
     node = None
     try:
-        _fill(builder, replay_node.address(), _env_steps(seed=1, count=10))
+        _fill(builder, replay_node, _env_steps(seed=1, count=10))
         node = learner.LearnerNode(builder, SPEC, replay_node, None, seed=0, num_devices=4)
         while not node.step(timeout=5.0):
             pass
