@@ -38,7 +38,11 @@ _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
 _NUM_ENVS = flags.DEFINE_integer("num_envs", 8, "Envs in the actor's envpool.")
 _THREADS = flags.DEFINE_integer("env_threads", 1, "envpool threads, as --env_threads_per_actor.")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
-_REPLAYS = flags.DEFINE_list("replays", ["native", "reverb"], "Replay backends to measure.")
+_REPLAYS = flags.DEFINE_list(
+    "replays",
+    [backend for backend in replay.BACKENDS if replay.installed(backend)],
+    "Replay backends to measure (default: those this set installs).",
+)
 
 
 def bare_policy(builder, spec: types.EnvSpec, num_envs: int, seconds: float) -> float:
@@ -152,7 +156,12 @@ def main(argv):
         print(f"(c) {backend:6s} inserts      {c:12,.0f} transitions/s")
         print(f"(d) actor node, {backend:6s} {d:12,.0f} env steps/s")
         print(f"ratio d*(1/a+1/b+1/c)    {ratio:12.2f}", flush=True)
-        found[backend] = {"inserts_per_s": c, "actor_env_steps_per_s": d, "ratio": ratio}
+        found[backend] = {
+            "inserts_per_s": c,
+            "actor_env_steps_per_s": d,
+            "actor_over_raw_envpool": d / a,
+            "ratio": ratio,
+        }
     print(json.dumps(found))
 
 

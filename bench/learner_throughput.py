@@ -46,7 +46,11 @@ _PRECISION = flags.DEFINE_enum(
 )
 _ITEMS = flags.DEFINE_integer("items", 20_000, "Transitions in the table.")
 _SECONDS = flags.DEFINE_float("seconds", 10.0, "Measuring time per stage.")
-_REPLAYS = flags.DEFINE_list("replays", list(replay.BACKENDS), "Replay backends to measure.")
+_REPLAYS = flags.DEFINE_list(
+    "replays",
+    [backend for backend in replay.BACKENDS if replay.installed(backend)],
+    "Replay backends to measure (default: those this set installs).",
+)
 
 
 def _random_transitions(spec: types.EnvSpec, count: int, seed: int = 0) -> types.Transition:

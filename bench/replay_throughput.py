@@ -10,7 +10,10 @@ per shard); sampling as a learner samples (`replay.ReplayShards.sampler`, the le
 batches decoded by the agent's codec, 8 updates' rows at once as the cartpole preset's
 `updates_per_dispatch`). Tables are the DQN builder's (prioritized, alpha 0.6), the rate
 limiter relaxed to the minimum size, so each rate is the replay's own. The last line is JSON:
-every figure, and native / Reverb ratios.
+every figure, and native / Reverb ratios. Each backend this set installs is measured: the
+default set has the native replay alone; the DeepMind set (no Ray) has both, in-process:
+
+  .venv-deepmind/bin/python bench/replay_throughput.py --places=process
 """
 
 import dataclasses
@@ -140,7 +143,7 @@ def main(argv):
     rows, found = [], []
     for env_id, num_shards, place in _cases():
         builder, spec = _builder(env_id)
-        for backend in replay.BACKENDS:
+        for backend in [b for b in replay.BACKENDS if replay.installed(b)]:
             running = None
             if place == "ray":
                 running, nodes = _on_ray(backend, builder, spec, num_shards)
@@ -166,7 +169,9 @@ def main(argv):
     keys = ("env", "shards", "place", "batch")
     for native in (r for r in found if r["backend"] == replay.NATIVE):
         same_case = [r for r in found if all(r[k] == native[k] for k in keys)]
-        other = next(r for r in same_case if r["backend"] == replay.REVERB)
+        other = next((r for r in same_case if r["backend"] == replay.REVERB), None)
+        if other is None:  # Reverb is the DeepMind set's: measured there
+            continue
         rows.append(
             {
                 **{k: native[k] for k in keys},

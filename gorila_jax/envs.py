@@ -10,7 +10,6 @@ import math
 import warnings
 from typing import Any
 
-import envpool
 import gymnasium
 import numpy as np
 
@@ -18,8 +17,16 @@ from gorila_jax import multiagent, types
 
 
 @functools.cache
+def _envpool() -> Any:
+    """envpool, imported when an env is first asked for: a learner never needs it, and the
+    GPU check runs one where envpool is not installed (bench/gpu_check.sh --offline)."""
+    import envpool  # noqa: PLC0415
+
+    return envpool
+
+
 def _known_env_ids() -> tuple[str, ...]:
-    return tuple(envpool.list_all_envs())
+    return tuple(_envpool().list_all_envs())
 
 
 def _quiet_box_warnings() -> None:
@@ -54,7 +61,7 @@ _EVALUATION_PREPROCESSING = {"episodic_life": False, "reward_clip": False}
 
 @functools.cache
 def _config_fields(env_id: str) -> frozenset[str]:
-    return frozenset(envpool.make_spec(env_id).config._fields)
+    return frozenset(_envpool().make_spec(env_id).config._fields)
 
 
 def preprocessing(env_id: str, evaluation: bool) -> dict[str, Any]:
@@ -188,7 +195,7 @@ def make_env(
         return multiagent.RoleEnv(env_id, num_envs, seed, **env_kwargs)
     _quiet_box_warnings()
     options = {**preprocessing(env_id, evaluation), **env_kwargs}
-    env = envpool.make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
+    env = _envpool().make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
     space = env.observation_space
     if isinstance(space, gymnasium.spaces.Dict) and _dict_problem(space) is None:
         return FlatDictObservations(env)
@@ -245,12 +252,12 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
         return multiagent.env_spec(env_id)
     _quiet_box_warnings()
     try:
-        spec = envpool.make_spec(env_id, **env_kwargs)
+        spec = _envpool().make_spec(env_id, **env_kwargs)
     except (ImportError, RuntimeError) as error:  # Procgen without Qt; ViZDoom's custom map
         reason = str(error).splitlines()[0] if str(error) else ""
         raise ValueError(f"{env_id}: envpool cannot load it here ({reason})") from None
     try:
-        # The gymnasium spaces by name: envpool 0.8 (the Launchpad set) gives gym's as
+        # The gymnasium spaces by name: envpool 0.8 (the DeepMind set) gives gym's as
         # `observation_space`, envpool 1.2 gymnasium's; both have these.
         obs_space, act_space = spec.gymnasium_observation_space, spec.gymnasium_action_space
         problems = [

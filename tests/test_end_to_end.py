@@ -130,20 +130,6 @@ def test_dqn_learns_under_the_ray_launcher_with_two_actors(tmp_path, ray_options
 # one-at-a-time tests have no room for the whole budget. The first evaluation
 # >= 475 came at 21-44k env steps in the 5 seeds of docs/gorila.md; one run
 # of this test held 500 from 34.7k to the end but for one 413.
-GORILA_TEST_ENV_STEPS = 60_000
-
-
-def _gorila_preset_over_the_test_budget(name: str):
-    """The Gorila preset with its learning-rate and importance schedules ending at the
-    test's 60k env steps instead of the preset's 120k, as the whole budget ends them.
-
-    Stopped halfway down the preset's cosine, a clean-clone CI run evaluated 493.6 at
-    53k env steps and ended at 244.5: the test judged a run still taking large steps.
-    """
-    config, settings = presets.dqn_gorila_preset(name)
-    return presets.schedules_over(config, GORILA_TEST_ENV_STEPS), settings
-
-
 def _gorila_cartpole(tmp_path, preset=presets.dqn_gorila_preset, **overrides):
     # The cartpole preset as Gorila mode takes it (Adam's b1 lowered:
     # `presets.dqn_gorila_preset`). Every node that asks for a CPU takes a
@@ -166,11 +152,11 @@ def _gorila_cartpole(tmp_path, preset=presets.dqn_gorila_preset, **overrides):
 
 @pytest.mark.slow
 def test_gorila_dqn_solves_cartpole_with_two_workers_and_two_shards(tmp_path, ray_options):
-    builder, exp = _gorila_cartpole(
-        tmp_path,
-        preset=_gorila_preset_over_the_test_budget,
-        total_env_steps=GORILA_TEST_ENV_STEPS,
-    )
+    # The preset's whole 120k env steps, as the README's sweep. At 60k (with the schedules
+    # ended there) seed 0 ended at 475+ on JAX 0.4.34, and at 454.4 alone and 420.6 beside
+    # the suite on JAX 0.11, whose initialization draws other numbers: mid-run Gorila
+    # evaluations swing between 430 and 500.
+    builder, exp = _gorila_cartpole(tmp_path)
     summary = experiment.run_experiment(builder, exp, **ray_options)
     _assert_solved_at_the_end(summary, exp)
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))

@@ -113,4 +113,100 @@ def test_cpu_smoke_runs_every_stage_and_ends_with_one_json_report(tmp_path):
     assert run["stop_reason"] == "total_env_steps reached", run
     assert run["env_steps"] > 0 and run["learner_steps"] > 0 and run["env_steps_per_s"] > 0
     assert run["final_eval_episodes"] == 10 and isinstance(run["final_eval_return"], float)
-    assert set(report["stages"]) == {"devices", "learner", "learn"}
+    assert set(report["stages"]) == {"devices", "learner", "actors", "learn"}
+
+
+def test_the_recorded_learner_specs_are_envpools():
+    sys.path.insert(0, REPO)
+    from bench import gpu_learner
+    from gorila_jax import envs
+
+    for env_id, recorded in gpu_learner.RECORDED_SPECS.items():
+        assert recorded == envs.env_spec(env_id), env_id
+
+
+def _offline_wheels(tmp_path) -> str:
+    """The wheels of `bench/gpu_wheels.py`, built from this venv's packages (no network)."""
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "bench/gpu_wheels.py", f"--out={wheels}", "--from_installed"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return str(wheels)
+
+
+def test_the_offline_wheels_fit_beside_the_repository_and_step_pong_alone(tmp_path):
+    wheels = _offline_wheels(tmp_path)
+    sizes = sum(os.path.getsize(os.path.join(wheels, name)) for name in os.listdir(wheels))
+    assert sizes < 20 * 2**20, f"{sizes / 2**20:.1f} MiB of wheels"
+    site = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--quiet",
+            f"--target={site}",
+            *sorted(os.path.join(wheels, n) for n in os.listdir(wheels)),
+        ],
+        check=True,
+        timeout=300,
+    )
+    assert not (site / "envpool" / "mujoco" / "mujoco_gym_envpool.so").exists(), "cut down"
+    # The cut-down envpool, ahead of this venv's full one, steps Pong with the one ROM kept.
+    step_pong = (
+        "import envpool, numpy as np; assert envpool.__file__.startswith(%r), envpool.__file__; "
+        "env = envpool.make('Pong-v5', env_type='gymnasium', num_envs=2); env.reset(); "
+        "obs = env.step(np.zeros(2, np.int32))[0]; print(obs.shape, obs.dtype)"
+    ) % str(site)
+    result = subprocess.run(
+        [sys.executable, "-c", step_pong],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "(2, 4, 84, 84) uint8"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)  # above the smoke run's own bound, 1200 s: a liveness bound
+def test_the_offline_cpu_smoke_runs_every_stage_from_the_wheels_alone(tmp_path):
+    wheels = _offline_wheels(tmp_path)
+    # No package index is reachable: whatever the script would fetch fails.
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_FIND_LINKS": "",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+    }
+    out = tmp_path / "out"
+    result = _script(
+        ["--cpu_smoke", "--offline", f"--wheels={wheels}", f"--out={out}"], env=env, timeout=1400
+    )
+    lines = result.stdout.strip().splitlines()
+    assert lines, result.stderr[-4000:]
+    report = json.loads(lines[-1])
+    assert result.returncode == 0 and report["status"] == "ok", result.stderr[-4000:]
+    assert report["offline"] and report["mode"] == "cpu_smoke"
+    assert set(report["stages"]) == {"install", "devices", "learner", "actors", "learn"}
+    # The learner ran with envpool, Ray and Reverb unimportable (bench/without.py).
+    assert "bench/without.py envpool,ray,reverb,tensorflow" in result.stderr
+    assert {(r["agent"], r["mode"]) for r in report["learner"]} == {
+        ("dqn", "fp32"),
+        ("ppo", "fp32"),
+    }
+    actors = report["actors"]
+    assert actors["raw_envpool_steps_per_s"] > 0 and actors["native"]["actor_env_steps_per_s"] > 0
+    run = report["learning_run"]
+    assert run["stop_reason"] == "total_env_steps reached", run
+    assert run["final_eval_episodes"] == 10 and isinstance(run["final_eval_return"], float)
+    assert (out / "site" / "envpool").is_dir()

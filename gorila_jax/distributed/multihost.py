@@ -83,7 +83,7 @@ def host_address() -> str:
     Under Ray, the node's IP (what Ray itself uses between nodes); otherwise
     the address the host name resolves to.
     """
-    if "ray" in sys.modules:  # never imported for this: the Launchpad set has no Ray
+    if "ray" in sys.modules:  # never imported for this: the DeepMind set has no Ray
         from gorila_jax.distributed import placement
 
         address = placement.node_ip_address()

@@ -28,8 +28,15 @@ class BackendMissing(ImportError):
 def installed(backend: str) -> bool:
     """Whether this dependency set installs what `backend` needs."""
     if backend == api.REVERB:
-        return all(importlib.util.find_spec(name) is not None for name in ("reverb", "tensorflow"))
+        return all(_findable(name) for name in ("reverb", "tensorflow"))
     return backend == api.NATIVE
+
+
+def _findable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # a finder that refuses it (bench/without.py)
+        return False
 
 
 def _missing(detail: str) -> BackendMissing:

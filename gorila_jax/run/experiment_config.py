@@ -39,7 +39,7 @@ class ExperimentConfig:
         "ray",
         "run",
         "Where nodes run: local (threads of one process), ray (a process each), or launchpad "
-        "(dm-launchpad courier nodes; the Launchpad set only, see BUILD_NOTES.md).",
+        "(dm-launchpad courier nodes; the DeepMind set only, see BUILD_NOTES.md).",
         choices=launchers.LAUNCHERS,
     )
     launchpad_launch_type: str = setting(
@@ -559,7 +559,7 @@ class ExperimentConfig:
             return
         if self.launcher == "launchpad":
             raise ValueError(
-                "learner_mode=federated runs under launcher=local or ray (the Launchpad set "
+                "learner_mode=federated runs under launcher=local or ray (the DeepMind set "
                 "has no dp-accounting)"
             )
         if self.num_clients < 2:

@@ -1,6 +1,6 @@
 """The same program object under real dm-launchpad (`local_mt`, `local_mp`) and `local`.
 
-The Launchpad set only (Python 3.10): `LAUNCHPAD=1 bash tests/run.sh` runs these;
+The DeepMind set only (Python 3.10): `DEEPMIND=1 bash tests/run.sh` runs these;
 under the default set the module is skipped.
 """
 
@@ -13,7 +13,7 @@ import threading
 import psutil
 import pytest
 
-pytest.importorskip("launchpad", reason="the Launchpad set only: LAUNCHPAD=1 bash tests/run.sh")
+pytest.importorskip("launchpad", reason="the DeepMind set only: DEEPMIND=1 bash tests/run.sh")
 
 from gorila_jax.distributed import launchers, program  # noqa: E402
 from tests import fakes  # noqa: E402

@@ -93,7 +93,7 @@ def bad_input_results(tmp_path_factory):
 @pytest.mark.parametrize("flags, message", BAD_INPUTS)
 def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message, bad_input_results):
     if "MiniGrid" in flags[0] and "MiniGrid-Empty-5x5-v0" not in train.envpool.list_all_envs():
-        pytest.skip("envpool 0.8.4 (the Launchpad set) has no MiniGrid")
+        pytest.skip("envpool 0.8.4 (the DeepMind set) has no MiniGrid")
     results, left_running = bad_input_results
     result = results[tuple(flags)]
     assert result.returncode in (1, 2), result.stderr[-2000:]  # sys.exit, not a signal
@@ -303,7 +303,7 @@ def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
     ids=["no rounds", "over the target"],
 )
 def test_a_federated_run_over_its_privacy_target_is_refused_before_it_starts(rounds, message):
-    pytest.importorskip("dp_accounting")  # not in the Launchpad set, which refuses federated
+    pytest.importorskip("dp_accounting")  # not in the DeepMind set, which refuses federated
     settings = dict(dp_clip_norm=1.0, dp_noise_multiplier=1.0, dp_target_epsilon=0.5)
     if rounds:
         settings["federated_rounds"] = rounds

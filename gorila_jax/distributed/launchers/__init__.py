@@ -34,7 +34,7 @@ def launch(
         except ImportError as error:
             raise ImportError(
                 f"--launcher=launchpad needs the Launchpad dependency set ({error}): "
-                "LAUNCHPAD=1 bash launch/train.sh makes it (.venv-launchpad, Python 3.10)"
+                "DEEPMIND=1 bash launch/train.sh makes it (.venv-deepmind, Python 3.10)"
             ) from error
         return launchpad_launcher.launch(program, **options)
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {LAUNCHERS}")

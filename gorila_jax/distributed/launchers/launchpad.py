@@ -1,8 +1,8 @@
 """The `launchpad` launcher: every node a dm-launchpad courier node.
 
-Runs on the Launchpad dependency set only (Python 3.10, requirements-launchpad.txt;
+Runs on the DeepMind dependency set only (Python 3.10, requirements-deepmind.txt;
 BUILD_NOTES.md says why): dm-launchpad 0.5.2's courier is built against
-TensorFlow 2.8, which the default set's Reverb cannot share a process with.
+TensorFlow 2.8, and has no wheel for the default set's Python 3.12+.
 
 The project's own `Program` becomes an `lp.Program` with the same groups and
 node names: each node is an `lp.CourierNode` hosting a
