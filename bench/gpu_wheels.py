@@ -4,9 +4,10 @@ site packages, small enough to travel beside the repository (64 MiB in all).
 A GPU node's site Python (3.12) has JAX with its CUDA plugin, flax, optax, chex, numpy 2,
 absl-py, rich and matplotlib, and whatever those need. `OFFLINE_WHEELS` lists the rest, at
 the versions requirements.txt pins. Two of them are cut down to what a Pong-v5 run needs:
-envpool keeps its Python files and only the Atari and classic-control engines (its wheel
-is 61 MiB, nearly all of it MuJoCo, ViZDoom, Box2D and Qt), envpool-assets keeps only
-Pong's ROM (the wheel is 92 MB of models and ROMs).
+envpool keeps its own modules and only the Atari and classic-control families, and its
+`entry.py` registers those alone (its wheel is 61 MiB, nearly all of it MuJoCo, ViZDoom,
+Box2D and Qt); envpool-assets keeps only Pong's ROM (the wheel is 92 MB of models and
+ROMs).
 
   # a machine with internet, Python 3.12: download, cut down, write DIR
   python bench/gpu_wheels.py --out=DIR
@@ -53,18 +54,37 @@ LIMIT_BYTES = 64 * 2**20
 PONG_ROM = "envpool_assets/atari/roms/pong.bin"
 
 
+# The envpool families a Pong-v5 run and the CartPole smoke need; the rest are dropped
+# whole, and `envpool/entry.py`, which imports every family's registration (whose package
+# loads its engine), is rewritten to import these alone.
+ENVPOOL_FAMILIES = ("atari", "classic_control")
+
+
 def _keep_envpool(path: str) -> bool:
     if path.startswith("envpool.libs/"):  # Qt, for Procgen
         return False
-    if path.endswith(".so"):
-        return path.startswith(("envpool/atari/", "envpool/classic_control/"))
-    return not path.startswith("envpool/jumanji/")  # its puzzle data and sprites
+    parts = path.split("/")
+    if parts[0] != "envpool" or len(parts) < 3 or parts[1] in ("python",):
+        return True  # the package's own modules (registration, protocol, ...)
+    return parts[1] in ENVPOOL_FAMILIES
+
+
+def _envpool_entry(text: str) -> str:
+    keep = tuple(f"import envpool.{family}.registration" for family in ENVPOOL_FAMILIES)
+    lines = text.splitlines(keepends=True)
+    return "".join(
+        line for line in lines if not line.startswith("import envpool.") or line.startswith(keep)
+    )
 
 
 # What each cut-down wheel keeps (a path inside the wheel -> keep it); dist-info always.
 KEEP: dict[str, Callable[[str], bool]] = {
     "envpool": _keep_envpool,
     "envpool-assets": lambda path: path == PONG_ROM or path == "envpool_assets/__init__.py",
+}
+# Files a cut-down wheel holds changed: (package, path) -> new content from the old.
+REWRITE: dict[tuple[str, str], Callable[[str], str]] = {
+    ("envpool", "envpool/entry.py"): _envpool_entry,
 }
 
 
@@ -114,12 +134,17 @@ def _kept(name: str, path: str) -> bool:
     return keep is None or ".dist-info/" in path or keep(path)
 
 
+def _content(name: str, path: str, data: bytes) -> bytes:
+    rewrite = REWRITE.get((name, path))
+    return data if rewrite is None else rewrite(data.decode()).encode()
+
+
 def from_wheel(wheel_path: str, out_dir: str) -> str:
     """A downloaded wheel, cut down (`KEEP`) or as it is, written to `out_dir`."""
     filename = os.path.basename(wheel_path)
     name = _normal(filename.split("-")[0])
     with zipfile.ZipFile(wheel_path) as wheel:
-        files = ((p, wheel.read(p)) for p in wheel.namelist() if _kept(name, p))
+        files = ((p, _content(name, p, wheel.read(p))) for p in wheel.namelist() if _kept(name, p))
         return write_wheel(out_dir, filename, files)
 
 
@@ -138,7 +163,7 @@ def from_installed(name: str, out_dir: str) -> str:
     def files() -> Iterator[tuple[str, bytes]]:
         for path in paths:
             if _kept(_normal(name), path) and os.path.isfile(dist.locate_file(path)):
-                yield path, dist.locate_file(path).read_bytes()
+                yield path, _content(_normal(name), path, dist.locate_file(path).read_bytes())
 
     return write_wheel(out_dir, filename, files())
 
