@@ -47,6 +47,7 @@ KNOWN_LEFTOVER_THREADS = {
 # only, not marks, hence names.
 ONE_AT_A_TIME = frozenset(
     {
+        "test_gorila_dqn_learns_cartpole_with_two_workers_and_two_shards",
         "test_gorila_dqn_solves_cartpole_with_two_workers_and_two_shards",
         "test_kill_9_of_a_gradient_worker_a_shard_and_the_replay_restarts_each_and_updates_go_on",
         "test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead",

@@ -101,6 +101,20 @@ def test_the_accountant_matches_the_gaussian_mechanisms_exact_epsilon(noise_mult
     assert spent == pytest.approx(exact, rel=0.02)
 
 
+@pytest.mark.parametrize("noise_multiplier, rounds", [(1.0, 5), (4.0, 40)])
+def test_rounds_folded_into_one_event_spend_what_the_accountant_composes(noise_multiplier, rounds):
+    # epsilon_after accounts T rounds as one Gaussian event of noise sigma / sqrt(T);
+    # the library composing the T events itself must agree (it takes far longer).
+    dp_accounting = pytest.importorskip("dp_accounting")
+    from dp_accounting.pld import pld_privacy_accountant
+
+    accountant = pld_privacy_accountant.PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier), rounds)
+    composed = accountant.get_epsilon(1e-5)
+    settings = privacy.PrivacySettings(clip_norm=1.0, noise_multiplier=noise_multiplier)
+    assert privacy.epsilon_after(settings, rounds) == pytest.approx(composed, rel=0.01)
+
+
 def test_a_run_over_the_target_epsilon_is_refused_with_what_it_would_take():
     settings = privacy.PrivacySettings(clip_norm=1.0, noise_multiplier=20.0, target_epsilon=0.5)
     allowed = privacy.max_rounds(settings)

@@ -251,6 +251,9 @@ def test_a_stopped_run_of_two_roles_resumes_each_role_from_its_own_checkpoint(tm
 
 
 @pytest.mark.slow
+# CI: a killed learner restarts from its newest checkpoint (test_fault_nodes.py) and a
+# stopped run of two roles resumes each role from its own checkpoint (above).
+@pytest.mark.extended
 def test_a_killed_roles_learner_is_restarted_and_the_other_roles_learner_goes_on(
     tmp_path, ray_options
 ):
