@@ -108,9 +108,7 @@ def replicate_changed(
     }
     leaves, treedef = jax.tree.flatten(tree)
     copies = [
-        reuse[id(leaf)]
-        if id(leaf) in reuse
-        else compat.put_replicated(leaf, devices, DATA_AXIS)
+        reuse[id(leaf)] if id(leaf) in reuse else compat.put_replicated(leaf, devices, DATA_AXIS)
         for leaf in leaves
     ]
     return jax.tree.unflatten(treedef, copies)

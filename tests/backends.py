@@ -33,6 +33,7 @@ def import_reverb():
     """`reverb`, or the whole test module skipped (for modules of Reverb-only tests)."""
     return pytest.importorskip("reverb", reason=_WHERE_REVERB_IS)
 
+
 needs_ray = pytest.mark.skipif(
     importlib.util.find_spec("ray") is None,
     reason="Ray is the default set's (the DeepMind set has none): bash tests/run.sh",

@@ -8,6 +8,16 @@ if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
     # Append rather than assign: the user may have XLA_FLAGS of their own.
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAKE_DEVICES}".strip()
 
+# One XLA compilation cache for the suite, its xdist workers and every process they start
+# (runs, Ray workers): the suite compiles the same few agents' steps in hundreds of
+# processes. Measured on SAC, Atari and PPO learning tests run one after another: 79 s
+# without, 82 s filling it, 63 s reading it. Every compiled size is kept (JAX keeps
+# only compilations of over a second by default). Keys hold JAX's version and flags.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".cache", "xla"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 import signal  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402

@@ -141,7 +141,7 @@ class RayProgram(base.RunningProgram):
         try:
             return ray.get(ref)
         except ray.exceptions.RayError as error:
-            raise program_lib.NodeError(name, str(error)) from None
+            raise program_lib.NodeError(name, ray_nodes.first_line(error)) from None
 
     def is_built(self, name: str) -> bool:
         ref = self._construct_refs[self.program.resolve_name(name)]
@@ -385,7 +385,10 @@ def _connect(address: str, probe_timeout_s: float = 5.0) -> None:
     try:
         ray.init(
             address=address,
-            runtime_env={"working_dir": _REPO_ROOT, "excludes": [".venv", ".git", "runs"]},
+            runtime_env={
+                "working_dir": _REPO_ROOT,
+                "excludes": [".venv", ".venv-deepmind", ".git", ".cache", "runs"],
+            },
         )
     except ConnectionError as error:
         # Ray's message names only the address; the reason (a refused token, a GCS
