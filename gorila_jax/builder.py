@@ -152,6 +152,10 @@ class AgentBuilder(Protocol):
     def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
         """Raises ValueError for a config that cannot run on this many devices (or env)."""
 
+    def env_steps_before_first_update(self) -> tuple[int, str]:
+        """The env steps the actors take before the learner's first update can happen, and
+        the setting that makes it so, as a refusal names it."""
+
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         """How one item of the sampled table is packed (actors) and unpacked (learner)."""
 

@@ -94,6 +94,7 @@ def execute(
         run.status = "finished"
         read_result(run, summary, threshold, role)
     else:
-        run.status = "interrupted" if run.returncode in (130, -2) else "failed"
+        # Ctrl-C or SIGTERM: as the shell codes them (128 + the signal), or as Python does.
+        run.status = "interrupted" if run.returncode in (130, 143, -2, -15) else "failed"
         run.console_tail = _tail(console)
     return run

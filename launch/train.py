@@ -19,6 +19,7 @@ Order of precedence for every setting: explicit flag > preset > default.
 import argparse
 import dataclasses
 import difflib
+import signal
 import sys
 import textwrap
 import typing
@@ -33,6 +34,7 @@ from gorila_jax import config_checks, console, demonstrations, envs, multiagent,
 from gorila_jax.gorila import mode
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment, role_program
+from gorila_jax.run import logdir as logdir_lib
 from launch import families, presets
 
 _AGENT = flags.DEFINE_enum("agent", "dqn", list(presets.AGENTS), "Which agent to train.")
@@ -122,8 +124,14 @@ def _define_config_flag(argv: list[str]) -> None:
             if name not in fields:
                 close = difflib.get_close_matches(name, fields, n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else ""
-                sys.exit(f"error: {config_cls.__name__} has no field {name!r}{hint}")
+                _refuse(f"{config_cls.__name__} has no field {name!r}{hint}")
     config_flags.DEFINE_config_dataclass("config", config_cls(), "Agent config overrides.")
+
+
+def _refuse(message: Any) -> typing.NoReturn:
+    """Ends a run refused before any node starts: one `error:` line, exit code 2."""
+    print(f"error: {message}".replace("\n", " "), file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -131,8 +139,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except (flags.Error, KeyError, ValueError, TypeError) as error:
-        print(f"error: {error}".replace("\n", " "), file=sys.stderr)
-        sys.exit(2)
+        _refuse(error)
 
 
 def role_agents(env_id: str, text: str, default_agent: str) -> dict[str, str]:
@@ -228,6 +235,7 @@ def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
         return
     spec = envs.env_spec(exp_config.env_id)
     builder.validate(exp_config.num_learner_devices or 1, spec)
+    exp_config.check_budget(builder)
     demonstrations.check_run(exp_config.demos, builder, spec, presets.agents_taking_demos())
     exp_config.replay_tiering(builder)
     if exp_config.learner_mode == "gorila":
@@ -337,7 +345,7 @@ def env_lines() -> list[str]:
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments {argv[1:]}")
+        _refuse(f"unexpected arguments {argv[1:]}")
     if _LIST_PRESETS.value or _LIST_ENVS.value:
         lines = (preset_lines() if _LIST_PRESETS.value else []) + (
             env_lines() if _LIST_ENVS.value else []
@@ -349,17 +357,23 @@ def main(argv: list[str]) -> None:
         builder = make_builders(config)
         check_configs(builder, exp_config)
     except ValueError as error:
-        sys.exit(f"error: {error}")
-    if not _VERBOSE.value:
-        path = console.route_third_party_logs(exp_config.logdir)
-        print(f"gorila-jax: third-party logs go to {path} (--verbose shows them)", flush=True)
+        _refuse(error)
     try:
-        summary = experiment.run_experiment(builder, exp_config)
-    except KeyboardInterrupt:
-        # The run already checkpointed and said how to continue; no traceback.
-        sys.exit(130)
-    except checkpoint.CheckpointError as error:
-        sys.exit(f"error: {error}")
+        # Held before the log file opens there: a second run writes nothing into it.
+        with logdir_lib.hold(exp_config.logdir):
+            if not _VERBOSE.value:
+                path = console.route_third_party_logs(exp_config.logdir)
+                print(
+                    f"gorila-jax: third-party logs go to {path} (--verbose shows them)", flush=True
+                )
+            summary = experiment.run_experiment(builder, exp_config)
+    except KeyboardInterrupt as stop:
+        # The run already checkpointed and said how to continue; no traceback. The shell's
+        # codes: 128 + the signal's number.
+        by = signal.SIGTERM if isinstance(stop, experiment.Terminated) else signal.SIGINT
+        sys.exit(128 + by)
+    except (checkpoint.CheckpointError, logdir_lib.LogdirInUse) as error:
+        _refuse(error)
     if "roles" in summary:
         returns = ", ".join(
             f"{role} {figures['final_eval_return']:.1f}"
@@ -376,6 +390,8 @@ def main(argv: list[str]) -> None:
         f"{summary['wall_time_s']:.1f}s; {final}; summary in {exp_config.logdir}",
         flush=True,
     )
+    if summary.get("problem"):
+        sys.exit(f"error: {summary['problem']} (summary in {exp_config.logdir})")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,16 @@ class Failing(program.Worker):
         raise ValueError("boom from the failing node")
 
 
+class FailingToConstruct(program.Worker):
+    """A node whose constructor raises, as a replay node restoring a damaged file does."""
+
+    def __init__(self):
+        raise RuntimeError("corrupted record at 0")
+
+    def run(self) -> None:
+        pass
+
+
 def wait_until(predicate, timeout_s: float) -> bool:
     """Polls `predicate` until true or `timeout_s` passed: a liveness bound, not a speed claim."""
     deadline = time.monotonic() + timeout_s

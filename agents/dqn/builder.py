@@ -73,6 +73,10 @@ class DQNBuilder:
             return None
         return replay.DuplicateCounter(cfg.priority_duplicate_bonus, cfg.max_replay_size)
 
+    def env_steps_before_first_update(self) -> tuple[int, str]:
+        size = self.config.min_replay_size
+        return size, f"config.min_replay_size={size} items in replay, one per env step"
+
     def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
         cfg = self.config
         largest_batch = max(size for _, size in self.batch_schedule)

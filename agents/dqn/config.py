@@ -203,6 +203,13 @@ class DQNConfig:
                 f"config.min_replay_size={self.min_replay_size} exceeds "
                 f"config.max_replay_size={self.max_replay_size}"
             )
+        batch_name = "batch_size_max" if self.batch_size_max > self.batch_size else "batch_size"
+        if getattr(self, batch_name) > self.max_replay_size:
+            # Sampling draws with replacement, so it would run, on duplicates alone.
+            raise ValueError(
+                f"config.{batch_name}={getattr(self, batch_name)} exceeds "
+                f"config.max_replay_size={self.max_replay_size}: a batch larger than the replay"
+            )
         for name in ("batch_size", "batch_size_max"):
             if getattr(self, name) % num_devices:
                 raise ValueError(

@@ -78,6 +78,13 @@ class PPOBuilder:
     def replay_tiers(self) -> None:
         return None  # on-policy: no old items to keep
 
+    def env_steps_before_first_update(self) -> tuple[int, str]:
+        cfg = self.config
+        return cfg.global_batch_size * cfg.trajectory_length, (
+            f"a batch of {cfg.global_batch_size} chunks of "
+            f"config.trajectory_length={cfg.trajectory_length} env steps"
+        )
+
     def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
         capacity = self.config.queue_batches * self.config.global_batch_size
         return [replay.queue_table(TABLE, capacity, self.item_codec(spec).num_bytes)]

@@ -74,6 +74,10 @@ class SACBuilder:
     def replay_tiers(self) -> tuple[int, int] | None:
         return self.config.replay_tiers
 
+    def env_steps_before_first_update(self) -> tuple[int, str]:
+        size = self.config.min_replay_size
+        return size, f"config.min_replay_size={size} items in replay, one per env step"
+
     def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
         cfg = self.config
         rows = cfg.batch_size * cfg.updates_per_dispatch  # what one sample call takes

@@ -146,6 +146,13 @@ class SACConfig:
                 f"config.min_replay_size={self.min_replay_size} exceeds "
                 f"config.max_replay_size={self.max_replay_size}"
             )
+        batch_name = "batch_size"
+        if getattr(self, batch_name) > self.max_replay_size:
+            # Sampling draws with replacement, so it would run, on duplicates alone.
+            raise ValueError(
+                f"config.{batch_name}={getattr(self, batch_name)} exceeds "
+                f"config.max_replay_size={self.max_replay_size}: a batch larger than the replay"
+            )
         if self.batch_size % num_devices:
             raise ValueError(
                 f"config.batch_size={self.batch_size} must be divisible by the "

@@ -100,6 +100,13 @@ def saved_steps(logdir: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
 
 
+def any_saved(logdir: str) -> bool:
+    """Whether the run in `logdir` has a finished checkpoint, its own or any role's."""
+    roles = os.path.join(logdir, ROLES_DIR)
+    role_names = sorted(os.listdir(roles)) if os.path.isdir(roles) else []
+    return any(saved_steps(role_logdir(logdir, role)) for role in [None, *role_names])
+
+
 STATE_FILE = "state.npz"
 META_FILE = "meta.json"
 # Names a save in progress (or one cut short by a crash) has: never final, safe to delete.
@@ -259,12 +266,12 @@ def find_resume_point(logdir: str, target: Any) -> Restored:
 def prepare_logdir(
     logdir: str, resume: bool, builder: Any, experiment: Any, init_state: Callable[[], Any]
 ) -> Restored | None:
-    """Finds the checkpoint to resume from, or deletes old ones; then records the configs.
+    """Finds the checkpoint to resume from; then records the configs.
 
     Args:
       logdir: the run's logdir.
-      resume: continue the run there; otherwise a new run starts and the
-        checkpoints of an earlier run in `logdir` are deleted (with a message).
+      resume: continue the run there; otherwise a new run starts (an earlier run's
+        files were set aside: `gorila_jax/run/logdir.py`).
       builder, experiment: the agent's builder and the experiment config.
       init_state: makes a fresh train state, the target for restoring.
 
@@ -282,12 +289,12 @@ def prepare_logdir(
             flush=True,
         )
     elif saved_steps(logdir):
-        print(
-            f"warning: starting a new run in {logdir}: deleting the checkpoints of the run "
-            "there before (pass --resume to continue it instead)",
-            flush=True,
+        # The run layer moves an earlier run aside before a new one starts: a checkpoint
+        # here would be mixed into the new run's.
+        raise CheckpointError(
+            f"{logdir} holds the checkpoints of an earlier run: set it aside first "
+            "(gorila_jax.run.logdir.set_aside) or resume it"
         )
-        shutil.rmtree(checkpoint_root(logdir))
     write_config(logdir, builder, experiment)
     return restored
 

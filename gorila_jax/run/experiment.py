@@ -28,12 +28,15 @@ from gorila_jax.health import balance
 from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import elastic, role_program, wiring
+from gorila_jax.run import logdir as logdir_lib
 from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
 from gorila_jax.run.wiring import add_actor, make_program, remove_actor, set_sample_weights
 
 __all__ = [
     "LEARNER_MODES",
+    "NO_UPDATE",
     "ExperimentConfig",
+    "Terminated",
     "add_actor",
     "make_program",
     "remove_actor",
@@ -43,6 +46,9 @@ __all__ = [
 
 def _finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
+
+
+NO_UPDATE = "the learner made no update in the whole run"
 
 
 def _row(snapshot: dict[str, Any], previous: dict[str, Any], elapsed: float) -> dict[str, Any]:
@@ -90,19 +96,28 @@ def _done(cfg: ExperimentConfig, snapshot: dict[str, Any], elapsed: float) -> st
     return None
 
 
+class Terminated(KeyboardInterrupt):
+    """The run was stopped by SIGTERM: as by Ctrl-C, but the CLI exits 143 (128 + 15)."""
+
+
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (a scheduler, `kill`) stops the run like Ctrl-C: cleanly, after a checkpoint."""
+def _sigterm_as_interrupt() -> Iterator[list[int]]:
+    """SIGTERM (a scheduler, `kill`) stops the run like Ctrl-C: cleanly, after a checkpoint.
+
+    Yields a list that holds the signal once one came.
+    """
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
+        yield received  # signal handlers can only be installed from the main thread
         return
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
+        received.append(signum)
+        raise Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
+        yield received
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -113,11 +128,14 @@ def _drive(
     logger: metrics.MetricsLogger,
     start: float,
     scaler: elastic.ActorScaler,
+    previous_run: logdir_lib.PreviousRun | None = None,
 ) -> str:
     """Polls the monitor, logs rows, until a stop condition (or an interrupt); returns why.
 
     Each poll the supervisor restarts dead, silent and stalled nodes, and
     the `scaler` adds or removes actors (control file, elastic policy, data balance).
+    With each row, an earlier run set aside in the logdir is deleted once this run
+    has a checkpoint.
 
     Raises:
       supervisor_lib.RunFailed: a node failed and may not be restarted (again).
@@ -131,7 +149,7 @@ def _drive(
         cfg.max_restarts,
         cfg.startup_timeout_s,
     )
-    previous = logger.last_row or {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
+    previous_row = logger.last_row or {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
     reason = None
     try:
         with console.progress_reporter(cfg.total_env_steps) as progress:
@@ -145,7 +163,7 @@ def _drive(
                     progress.message(line)
                 progress.poll(snapshot)
                 reason = _done(cfg, snapshot, elapsed)
-                if reason or elapsed - previous["wall_time_s"] >= cfg.log_interval_s:
+                if reason or elapsed - previous_row["wall_time_s"] >= cfg.log_interval_s:
                     _write_node_status(
                         cfg.logdir,
                         monitor_client.node_status(),
@@ -153,12 +171,14 @@ def _drive(
                         running.process_ids(),
                         _removed_counters(running, monitor_client),
                     )
-                    row = {**_row(snapshot, previous, elapsed), **scaler.row_fields()}
+                    row = {**_row(snapshot, previous_row, elapsed), **scaler.row_fields()}
                     logger.write(row)
                     roles = tuple(snapshot["roles"])
                     suffix = mode.progress_suffix(row) + role_program.progress_suffix(row, roles)
                     progress.row(row, suffix)
-                    previous = row
+                    previous_row = row
+                    if previous_run and previous_run.superseded(checkpoint.any_saved(cfg.logdir)):
+                        previous_run = None
     except KeyboardInterrupt:
         return "interrupted"
     return reason
@@ -368,17 +388,44 @@ def run_experiment(
 
     Ctrl-C or SIGTERM stop the run the same way (final checkpoint included),
     skip the final evaluations (the evaluator's last one and the driver's)
-    and then raise KeyboardInterrupt.
+    and then raise KeyboardInterrupt (`Terminated`, a KeyboardInterrupt, for SIGTERM).
 
     On a multi-agent task with several roles, `builder` may be a dict role ->
     builder (one agent per role; one builder: the same agent for every role);
     the program is then one of role groups (`role_program`), and the summary's
     `roles` has each role's final greedy return and training figures.
 
+    The run holds its logdir (`logdir.hold`: a second run there is refused). A new run
+    (not `cfg.resume`) sets an earlier run there aside and deletes it only once it has
+    saved a checkpoint or its summary; a run that saved neither puts it back.
+
     Returns:
       The summary: counters, rates, final greedy evaluation, evaluation history.
+
+    Raises:
+      logdir.LogdirInUse: another run holds `cfg.logdir`.
     """
     cfg.validate()
+    with logdir_lib.hold(cfg.logdir):
+        previous = None if cfg.resume else logdir_lib.set_aside(cfg.logdir)
+        try:
+            return _run_in_held_logdir(builder, cfg, previous, launcher_options)
+        finally:
+            if previous is not None:
+                previous.settle(_saved_anything(cfg.logdir))
+
+
+def _saved_anything(logdir: str) -> bool:
+    """Whether the run in `logdir` has written a checkpoint or its summary."""
+    return os.path.exists(os.path.join(logdir, "summary.json")) or checkpoint.any_saved(logdir)
+
+
+def _run_in_held_logdir(
+    builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder],
+    cfg: ExperimentConfig,
+    previous: logdir_lib.PreviousRun | None,
+    launcher_options: dict[str, Any],
+) -> dict[str, Any]:
     roles = multiagent.roles_of(cfg.env_id)
     resume = role_resume = None
     if roles:
@@ -390,6 +437,7 @@ def run_experiment(
     else:
         spec = envs.env_spec(cfg.env_id)
         builder.validate(cfg.num_learner_devices or 1, spec)
+        cfg.check_budget(builder)
         template = wiring.checkpoint_template(builder, cfg, spec)
         resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
         program = make_program(builder, cfg, spec, resume)
@@ -407,13 +455,13 @@ def run_experiment(
         # (sys.exit), which would otherwise end the run without its final checkpoint.
         with (
             launchers.launch(program, cfg.launcher, **launcher_options) as running,
-            _sigterm_as_interrupt(),
+            _sigterm_as_interrupt() as sigterm,
         ):
             if roles:
                 scaler = _fixed_actors(running, cfg)
             else:
                 scaler = _actor_scaler(running, builder, cfg, spec)
-            reason = _drive(running, cfg, logger, start, scaler)
+            reason = _drive(running, cfg, logger, start, scaler, previous)
             print(f"stopping: {reason}", flush=True)
             _stop_in_order(running, cfg, final_evaluation=reason != "interrupted")
             if roles:
@@ -460,12 +508,16 @@ def run_experiment(
         ),
         "experiment": dataclasses.asdict(cfg),
     }
+    if summary["learner_steps"] == 0 and reason != "interrupted":
+        # Said in the summary, and the CLI exits non-zero: a run that never trained is
+        # not a result, whatever its final return.
+        summary["problem"] = NO_UPDATE
     with open(os.path.join(cfg.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     _write_curves(cfg.logdir)
     if reason == "interrupted":
         print("interrupted: final evaluation skipped; --resume continues the run", flush=True)
-        raise KeyboardInterrupt
+        raise Terminated() if sigterm else KeyboardInterrupt()
     return summary
 
 

@@ -17,6 +17,7 @@ from gorila_jax.gorila import compression
 from gorila_jax.health import balance
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import elastic
+from gorila_jax.run import logdir as logdir_lib
 
 LEARNER_MODES = ("sync", "gorila", "federated")
 
@@ -397,9 +398,26 @@ class ExperimentConfig:
             self.dp_clip_norm, self.dp_noise_multiplier, self.dp_delta, self.dp_target_epsilon
         )
 
+    def check_budget(self, builder: Any) -> None:
+        """Refuses a budget in which the learner cannot make one update.
+
+        Raises:
+          ValueError: naming the budget and the setting that needs more.
+        """
+        needed, why = builder.env_steps_before_first_update()
+        clients = self.num_clients if self.learner_mode == "federated" else 1
+        if needed * clients > self.total_env_steps:
+            each = f", for each of {clients} clients" if clients > 1 else ""
+            raise ValueError(
+                f"total_env_steps={self.total_env_steps} cannot make one update: the "
+                f"learner's first needs {needed * clients:,} env steps ({why}{each}); raise "
+                "--total_env_steps or lower that setting"
+            )
+
     def validate(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
         config_checks.check_settings(self)
+        logdir_lib.check_writable(self.logdir)
         envs.check_env_id(self.env_id)
         self._check_hosts()
         self._check_launcher()

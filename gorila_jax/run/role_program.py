@@ -61,6 +61,7 @@ def check_run(builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConf
     for role, builder in builders.items():
         try:
             builder.validate(cfg.num_learner_devices or 1, specs[role])
+            cfg.check_budget(builder)
             if cfg.learner_mode == "gorila":
                 mode.check_agent(builder, specs[role])
             if cfg.replay_tiering(builder) is not None:

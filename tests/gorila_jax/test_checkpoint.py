@@ -259,17 +259,22 @@ def test_resume_without_a_checkpoint_fails_before_anything_starts(tmp_path):
         checkpoint.find_resume_point(str(tmp_path), _target())
 
 
-def test_a_new_run_replaces_the_checkpoints_of_an_earlier_one(tmp_path, capsys):
-    _fake_run(tmp_path, [10])
+def test_a_new_run_records_its_configs_and_refuses_to_mix_with_an_earlier_runs_checkpoints(
+    tmp_path,
+):
     builder, cfg = dqn.DQNBuilder(CONFIG), _experiment(tmp_path)
     resume = checkpoint.prepare_logdir(str(tmp_path), False, builder, cfg, lambda: None)
     assert resume is None
-    assert checkpoint.saved_steps(tmp_path) == []
-    assert "deleting the checkpoints" in capsys.readouterr().out
     # config.json rebuilds the same agent config (JSON turned its tuples into lists).
     record = checkpoint.read_config(str(tmp_path))
     assert checkpoint.config_from_dict(dqn.DQNConfig, record["agent_config"]) == CONFIG
     assert record["builder"] == "agents.dqn.builder.DQNBuilder"
+    # An earlier run's checkpoints are the run layer's to set aside (test_logdir.py),
+    # never deleted or mixed in here.
+    _fake_run(tmp_path, [10])
+    with pytest.raises(checkpoint.CheckpointError, match="holds the checkpoints of an earlier"):
+        checkpoint.prepare_logdir(str(tmp_path), False, builder, cfg, lambda: None)
+    assert checkpoint.saved_steps(tmp_path) == [10]
 
 
 def _learner_steps_logged(logdir) -> bool:
@@ -321,7 +326,7 @@ def test_sigterm_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path):
         finally:
             process.kill()
     output = log.read_text()
-    assert process.returncode == 130, output[-2000:]  # the shell's code for an interrupt
+    assert process.returncode == 143, output[-2000:]  # the shell's code for SIGTERM
     assert "interrupted: final evaluation skipped" in output
     assert "Traceback" not in output
     with open(tmp_path / "summary.json") as f:

@@ -48,6 +48,21 @@ def test_a_failing_node_is_reported_by_name(launcher, ray_options):
             running.wait(timeout=120)
 
 
+def test_a_node_that_cannot_be_constructed_under_ray_is_reported_with_its_own_exception(
+    ray_options,
+):
+    # Ray's own first line is `ray::NodeActor.construct() (pid=..., repr=...)`: the node's
+    # exception, type and message, is what a person needs to see.
+    graph = program.Program("failing")
+    with graph.group("bad", program.Resources(num_cpus=0)):
+        graph.add_node(fakes.FailingToConstruct)
+    with launchers.launch(graph, "ray", **ray_options) as running:
+        assert fakes.wait_until(lambda: running.failures(), timeout_s=120)
+        assert running.failures() == {"bad/0": "RuntimeError: corrupted record at 0"}
+        with pytest.raises(program.NodeError, match="bad/0.*RuntimeError: corrupted record at 0"):
+            running.pids()
+
+
 def test_local_stop_ends_every_node_thread():
     graph = fakes.make_counting_program(num_producers=2)  # producers run until stopped
     running = launchers.launch(graph, "local")

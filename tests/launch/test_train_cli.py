@@ -168,6 +168,29 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
             "dp_target_epsilon needs differential privacy: set dp_clip_norm",
         ),
         ({"replay_cold_compression": "zlib"}, "replay_cold_compression=zlib is for a tiered"),
+        # Values that no comparison catches: NaN fails `<= 0` as it fails `> 0`.
+        ({"config": {"learning_rate": float("nan")}}, "config.learning_rate must be a finite"),
+        ({"config": {"learning_rate": float("inf")}}, "config.learning_rate must be a finite"),
+        ({"heartbeat_interval_s": float("nan")}, "heartbeat_interval_s must be a finite"),
+        ({"agent": "ppo", "config": {"clip_epsilon": float("nan")}}, "config.clip_epsilon must be"),
+        # Budgets in which the learner cannot make one update.
+        (
+            {"config": {"min_replay_size": 50_000}, "total_env_steps": 5_000},
+            r"total_env_steps=5000 cannot make one update: .* 50,000 env steps "
+            r"\(config.min_replay_size=50000",
+        ),
+        (
+            {"agent": "ppo", "total_env_steps": 1_000},
+            r"total_env_steps=1000 cannot make one update: .*config.trajectory_length",
+        ),
+        (
+            {"learner_mode": "federated", "total_env_steps": 1_500},
+            r"needs 2,000 env steps .* for each of 2 clients",
+        ),
+        (
+            {"config": {"batch_size": 100_000_000}},
+            "config.batch_size=100000000 exceeds config.max_replay_size=120000",
+        ),
     ],
 )
 def test_a_bad_setting_is_refused_before_anything_starts(inputs, message):
@@ -218,10 +241,11 @@ def test_the_settings_groups_are_the_subsystems():
         (["--agent=ppo", "--config.clip_epsilom=0.1"], "clip_epsilon"),
     ],
 )
-def test_an_unknown_config_field_names_its_close_matches(argv, close):
+def test_an_unknown_config_field_names_its_close_matches(argv, close, capsys):
     with pytest.raises(SystemExit) as exit_info:
         train._define_config_flag(["train", *argv])
-    message = str(exit_info.value.code)
+    assert exit_info.value.code == 2
+    (message,) = capsys.readouterr().err.splitlines()
     assert message.startswith("error: ") and f"did you mean {close}" in message
 
 

@@ -143,6 +143,14 @@ def _copy_outcome(source: concurrent.futures.Future, target: concurrent.futures.
 
 
 def first_line(error: BaseException) -> str:
-    """`Type: first non-blank line` of `error`, for one-line failure reports."""
+    """`Type: first non-blank line` of `error`, for one-line failure reports.
+
+    A node's own exception inside Ray's task error is what is reported: Ray's first
+    line is only `ray::NodeActor.construct() (pid=..., repr=...)`, which hid a replay
+    node's "corrupted record" behind three restarts.
+    """
+    cause = getattr(error, "cause", None)  # RayTaskError: the exception the node raised
+    if isinstance(error, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
+        error = cause
     lines = [line for line in str(error).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
