@@ -51,6 +51,7 @@ def test_the_contract_is_what_the_skeleton_calls():
         "batch_schedule",
         "updates_per_dispatch",
         "validate",
+        "env_steps_before_first_update",
         "item_codec",
         "replay_tables",
         "duplicate_counter",
