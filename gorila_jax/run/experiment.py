@@ -177,7 +177,7 @@ def _drive(
                     suffix = mode.progress_suffix(row) + role_program.progress_suffix(row, roles)
                     progress.row(row, suffix)
                     previous_row = row
-                    if previous_run and previous_run.superseded(checkpoint.any_saved(cfg.logdir)):
+                    if previous_run and previous_run.superseded(_saved_anything(cfg.logdir)):
                         previous_run = None
     except KeyboardInterrupt:
         return "interrupted"

@@ -135,9 +135,9 @@ def check_writable(logdir: str) -> None:
         raise ValueError(
             f"logdir {logdir}: cannot write in {existing} (read-only or no permission)"
         )
-    if existing == path and os.path.exists(os.path.join(path, LOCK_FILE)):
-        if not os.access(os.path.join(path, LOCK_FILE), os.W_OK):
-            raise ValueError(f"logdir {logdir}: cannot write its lock file {LOCK_FILE}")
+    lock = os.path.join(path, LOCK_FILE)
+    if os.path.exists(lock) and not os.access(lock, os.W_OK):
+        raise ValueError(f"logdir {logdir}: cannot write its lock file {LOCK_FILE}")
 
 
 def holds_a_run(logdir: str) -> bool:
