@@ -298,7 +298,8 @@ def _run_with(builder, cfg, ray_options, scenario) -> tuple[dict, dict]:
     SIGTERM, as a scheduler would: the run ends cleanly and writes its summary.
     """
     seen: dict = {}
-    run_over = threading.Event()
+    run_over = False
+    stopping = threading.Lock()  # a SIGTERM goes out only while the run is on
 
     def play():
         try:
@@ -306,17 +307,24 @@ def _run_with(builder, cfg, ray_options, scenario) -> tuple[dict, dict]:
         except BaseException as error:  # noqa: BLE001  reported by the assertions below
             seen["error"] = error
         finally:
-            if not run_over.is_set():  # never signal a test session that moved on
-                os.kill(os.getpid(), signal.SIGTERM)
+            with stopping:
+                if not run_over:
+                    os.kill(os.getpid(), signal.SIGTERM)
 
+    # Outside the run's own handler (before it is in, after it is out) a SIGTERM would end
+    # this test process, or raise at a random point under Ray's handler (sys.exit): it is
+    # ignored instead, and the assertions below say what went wrong.
+    outside_the_run = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     thread = threading.Thread(target=play, daemon=True)
     thread.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             experiment.run_experiment(builder, cfg, **ray_options)
     finally:
-        run_over.set()
-    thread.join(30)
+        with stopping:
+            run_over = True
+        thread.join(30)
+        signal.signal(signal.SIGTERM, outside_the_run)
     if "error" in seen:
         raise seen["error"]
     with open(os.path.join(cfg.logdir, "summary.json")) as f:

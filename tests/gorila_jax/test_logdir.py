@@ -75,32 +75,35 @@ def test_a_logdir_that_cannot_be_written_is_refused_without_a_change(tmp_path):
     assert sorted(os.listdir(tmp_path)) == before
 
 
-# The forked child only calls os functions and exits: none of the parent's threads'
-# locks can hold it up.
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_a_logdir_in_a_folder_the_user_cannot_write_is_refused(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # a process of a user without write permission there
-        try:
-            if os.geteuid() == 0:  # root writes anywhere: become nobody
-                os.setgid(65534)
-                os.setuid(65534)
-            logdir_lib.check_writable(str(locked / "run"))
-            os.write(write, b"accepted")
-        except ValueError as error:
-            os.write(write, str(error).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
+    # Root writes anywhere: the check runs as nobody then, in a process of its own (a
+    # forked copy of a test worker would share its threads' state and its pipes).
+    check = (
+        "import os, sys\n"
+        "from gorila_jax.run import logdir\n"
+        "if os.geteuid() == 0:\n"
+        "    os.setgid(65534)\n"
+        "    os.setuid(65534)\n"
+        "try:\n"
+        "    logdir.check_writable(sys.argv[1])\n"
+        "except ValueError as error:\n"
+        "    print(error)\n"
+        "else:\n"
+        "    print('accepted')\n"
+    )
     try:
-        os.waitpid(child, 0)
-        said = os.read(read, 4096).decode()
+        said = subprocess.run(
+            [sys.executable, "-c", check, str(locked / "run")],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
     finally:
-        os.close(read)
         locked.chmod(0o755)
     assert "cannot write in" in said and "read-only or no permission" in said, said
 
