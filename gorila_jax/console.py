@@ -9,6 +9,7 @@ this codebase, and errors of anyone, stay on the console.
 """
 
 import dataclasses
+import io
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ import rich.text
 from absl import logging as absl_logging
 
 from gorila_jax import metrics
+from gorila_jax import text as text_lib
 
 THIRD_PARTY_LOG = "third_party.log"
 
@@ -30,6 +32,26 @@ _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OUR_DIRS = tuple(
     os.path.join(_REPO_ROOT, name) + os.sep for name in ("gorila_jax", "agents", "launch", "bench")
 )
+
+
+class _PlainWriter(io.TextIOBase):
+    """Writes to `stream` without escape codes (a log file, a console that is no terminal)."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(text_lib.plain(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
 
 
 def is_ours(path: str) -> bool:
@@ -77,6 +99,17 @@ def third_party_log() -> TextIO | None:
     return _routing.log if _routing is not None else None
 
 
+def show_only_what_matters() -> None:
+    """Python log records reach the console only where they matter: our warnings and
+    anyone's errors (XLA's backend probe, for one, does not). On its own, for the tools
+    that write no run (launch.evaluate, launch.record): what is dropped goes nowhere."""
+    root = logging.getLogger()
+    # absl's handler (app.run installs it) writes everything to stderr.
+    root.removeHandler(absl_logging.get_absl_handler())
+    if not any(isinstance(handler, _ConsoleHandler) for handler in root.handlers):
+        root.addHandler(_ConsoleHandler())
+
+
 def route_third_party_logs(logdir: str) -> str:
     """Sends other libraries' output of this process to `<logdir>/third_party.log`.
 
@@ -95,19 +128,20 @@ def route_third_party_logs(logdir: str) -> str:
         return _routing.path
     os.makedirs(logdir, exist_ok=True)
     path = os.path.join(logdir, THIRD_PARTY_LOG)
-    log = open(path, "a", buffering=1)
+    log_file = open(path, "a", buffering=1)
     sys.stderr.flush()
     console = os.fdopen(os.dup(2), "w", buffering=1)
-    os.dup2(log.fileno(), 2)
-    sys.stderr = console
+    os.dup2(log_file.fileno(), 2)
+    # Escape codes (Ray's errors carry colour) stay out of the file, and off a console
+    # that is not a terminal. C++ libraries' lines reach fd 2 unfiltered: they carry none.
+    log = _PlainWriter(log_file)
+    sys.stderr = console if console.isatty() else _PlainWriter(console)
 
     root = logging.getLogger()
-    # absl's handler (app.run installs it) writes to stderr until flags are parsed.
-    root.removeHandler(absl_logging.get_absl_handler())
+    show_only_what_matters()
     to_file = logging.StreamHandler(log)
     to_file.setFormatter(absl_logging.PythonFormatter())
     root.addHandler(to_file)
-    root.addHandler(_ConsoleHandler())
     # The file keeps INFO too (absl's default verbosity under app.run).
     root.setLevel(min(root.getEffectiveLevel(), logging.INFO))
 

@@ -1,6 +1,7 @@
 """Where a run's numbers go: metrics.csv, TensorBoard event files, a console progress line."""
 
 import csv
+import logging
 import math
 import os
 from typing import Any
@@ -69,18 +70,28 @@ class MetricsLogger:
 
 
 def read_csv(path: str, max_env_steps: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """Rows of a metrics.csv up to `max_env_steps`, numbers parsed, and its columns."""
+    """Rows of a metrics.csv up to `max_env_steps`, numbers parsed, and its columns.
+
+    A last line without its line end was cut by a crash while it was written: it is
+    left out, with a warning (its last number may be cut short too).
+    """
     if not os.path.exists(path):
         return [], []
     with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        # An empty cell is a column that did not exist yet when the row was written.
-        # A row cut short (a crash mid-write) lacks its last cells: None, like empty ones.
-        rows = [
-            {k: _number(v) for k, v in row.items() if k is not None and v not in ("", None)}
-            for row in reader
-        ]
-        columns = list(reader.fieldnames or [])
+        text = f.read()
+    lines = text.splitlines(keepends=True)
+    if len(lines) > 1 and not lines[-1].endswith(("\n", "\r")):
+        logging.warning(
+            "%s: its last row was cut short (a crash while writing it?): left out", path
+        )
+        lines.pop()
+    reader = csv.DictReader(lines)
+    # An empty cell is a column that did not exist yet when the row was written.
+    rows = [
+        {k: _number(v) for k, v in row.items() if k is not None and v not in ("", None)}
+        for row in reader
+    ]
+    columns = list(reader.fieldnames or [])
     return [row for row in rows if row.get("env_steps", 0) <= max_env_steps], columns
 
 

@@ -19,6 +19,7 @@ Order of precedence for every setting: explicit flag > preset > default.
 import argparse
 import dataclasses
 import difflib
+import os
 import signal
 import sys
 import textwrap
@@ -30,10 +31,9 @@ import envpool.registration
 from absl import app, flags
 from ml_collections import config_flags
 
-from gorila_jax import config_checks, console, demonstrations, envs, multiagent, types
-from gorila_jax.gorila import mode
+from gorila_jax import config_checks, console, envs, multiagent, types
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import experiment, role_program
+from gorila_jax.run import experiment
 from gorila_jax.run import logdir as logdir_lib
 from launch import families, presets
 
@@ -224,22 +224,12 @@ def make_builders(config: Any) -> Any:
 
 
 def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
-    """Everything a run checks before it starts a node.
+    """Everything a run checks before it starts a node (`experiment.check_run`).
 
     Raises:
       ValueError: naming the setting at fault.
     """
-    exp_config.validate()
-    if isinstance(builder, dict):
-        role_program.check_run(builder, exp_config)
-        return
-    spec = envs.env_spec(exp_config.env_id)
-    builder.validate(exp_config.num_learner_devices or 1, spec)
-    exp_config.check_budget(builder)
-    demonstrations.check_run(exp_config.demos, builder, spec, presets.agents_taking_demos())
-    exp_config.replay_tiering(builder)
-    if exp_config.learner_mode == "gorila":
-        mode.check_agent(builder, spec)
+    experiment.check_run(builder, exp_config, presets.agents_taking_demos())
 
 
 def preset_lines() -> list[str]:
@@ -385,13 +375,17 @@ def main(argv: list[str]) -> None:
             f"final greedy return {summary['final_eval_return']:.1f} "
             f"over {summary['final_eval_episodes']} episodes"
         )
+    # A run that saved nothing put the run before it back: its own files are then in the
+    # folder the line above this one named.
+    kept = os.path.exists(os.path.join(exp_config.logdir, "summary.json"))
+    where = f"summary in {exp_config.logdir}" if kept else "its files in the folder named above"
     print(
         f"done: {summary['env_steps']:,} env steps, {summary['learner_steps']:,} updates in "
-        f"{summary['wall_time_s']:.1f}s; {final}; summary in {exp_config.logdir}",
+        f"{summary['wall_time_s']:.1f}s; {final}; {where}",
         flush=True,
     )
     if summary.get("problem"):
-        sys.exit(f"error: {summary['problem']} (summary in {exp_config.logdir})")
+        sys.exit(f"error: {summary['problem']} ({where})")
 
 
 if __name__ == "__main__":

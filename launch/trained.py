@@ -8,7 +8,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 from absl import flags
 
-from gorila_jax import envs
+from gorila_jax import console, envs
 from gorila_jax.learning import checkpoint
 from launch import presets
 
@@ -76,7 +76,10 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def report_or_exit(make_report: Callable[[], dict], summary: Callable[[dict], str]) -> None:
     """A tool's work: a checkpoint, value or file error ends it with one `error:` line;
-    otherwise it prints the report's one-line summary, then the report as JSON (last)."""
+    otherwise it prints the report's one-line summary, then the report as JSON (last).
+    Library log lines below an error stay off the console (`console.show_only_what_matters`).
+    """
+    console.show_only_what_matters()
     try:
         report = make_report()
     except (checkpoint.CheckpointError, ValueError, OSError) as error:

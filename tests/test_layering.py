@@ -46,6 +46,7 @@ LAYERS = (
         "plots",
         "config_checks",
         "console",
+        "text",
     ),
     ("replay",),
     ("builder",),

@@ -102,7 +102,33 @@ class ParameterPuller:
         parameter_server.close_source(self._learner)
 
 
-class ActorNode(program.Worker):
+class LimitedActing(program.Worker):
+    """An acting node whose env steps the driver can cap near the end of the run's budget
+    (`gorila_jax/run/budget.py`): its loop calls `at_env_step_limit` before each step."""
+
+    def __init__(self):
+        super().__init__()
+        self._env_step_limit: int | None = None
+
+    def env_steps_now(self) -> int:
+        """This node's env steps this moment (its reports to the monitor lag by up to one
+        report interval)."""
+        raise NotImplementedError
+
+    def limit_env_steps(self, limit: int) -> None:
+        """Acts until its env steps reach `limit`, then waits, acting again if a later
+        limit is higher. It may pass `limit` by less than one step of its envs."""
+        self._env_step_limit = int(limit)
+
+    def at_env_step_limit(self) -> bool:
+        """Whether the node is at its limit (then after a short wait: call it again)."""
+        if self._env_step_limit is None or self.env_steps_now() < self._env_step_limit:
+            return False
+        self.sleep(0.02)
+        return True
+
+
+class ActorNode(LimitedActing):
     """Acts in `num_envs` envpool envs and writes what it sees to replay.
 
     Parameters are pulled from the learner every `param_pull_interval` actor
@@ -210,6 +236,8 @@ class ActorNode(program.Worker):
         # actor counts from 0 again, from a key of its own (see `__init__`).
         keys = step_keys(self._policy_key)
         while not self.stopping and not self._budget_spent():
+            if self.at_env_step_limit():
+                continue
             params, version = puller.next_params(), puller.version
             action, extras = builder_lib.split_policy_output(
                 self._policy(params, obs, next(keys), self.env_steps)
@@ -248,6 +276,9 @@ class ActorNode(program.Worker):
 
     def _budget_spent(self) -> bool:
         return 0 < self._max_env_steps <= self.env_steps
+
+    def env_steps_now(self) -> int:
+        return self.env_steps
 
     def counters(self) -> dict[str, int]:
         """Env steps, finished episodes and the parameter version acted with."""

@@ -56,7 +56,7 @@ class _RoleActing:
         self.adder: Any = None
 
 
-class RoleActorNode(program.Worker):
+class RoleActorNode(actor.LimitedActing):
     """Acts for every role of a multi-agent task; each role's rows go to its own replay.
 
     Args:
@@ -139,6 +139,8 @@ class RoleActorNode(program.Worker):
         obs = env.reset()
         last_report = time.monotonic()
         while not self.stopping:
+            if self.at_env_step_limit():
+                continue
             actions, chosen = {}, {}
             for role, acting in self._roles.items():
                 params, version = acting.puller.next_params(), acting.puller.version
@@ -175,10 +177,13 @@ class RoleActorNode(program.Worker):
                 self._report(blocking=False)
                 last_report = time.monotonic()
 
+    def env_steps_now(self) -> int:
+        return sum(acting.env_steps for acting in self._roles.values())
+
     def counters(self) -> dict[str, int]:
         """Env steps and episodes in all and per role, and each role's parameter version."""
         counters = {
-            "env_steps": sum(acting.env_steps for acting in self._roles.values()),
+            "env_steps": self.env_steps_now(),
             "episodes": sum(acting.episodes.episodes for acting in self._roles.values()),
         }
         for role, acting in self._roles.items():

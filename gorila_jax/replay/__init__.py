@@ -61,7 +61,7 @@ from gorila_jax.replay.manifest import (
     checkpoint_backend,
     newest_intact_checkpoint,
 )
-from gorila_jax.replay.native_node import NativeReplayNode
+from gorila_jax.replay.native_node import NativeReplayNode, check_memory, node_specs
 from gorila_jax.replay.priority_updates import PriorityUpdater
 from gorila_jax.replay.sharded import (
     ReplayShards,
@@ -79,6 +79,8 @@ from gorila_jax.replay.writers import (
 )
 
 __all__ = [
+    "check_memory",
+    "node_specs",
     "REVERB_MODULES",
     "installed",
     "DEFAULT_BACKEND",

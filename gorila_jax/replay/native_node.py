@@ -57,6 +57,21 @@ def check_memory(specs: Sequence[api.TableSpec]) -> None:
         )
 
 
+def node_specs(
+    make_tables: Callable[[], Sequence[api.TableSpec]], tiering: tiering_lib.Tiering | None
+) -> list[api.TableSpec]:
+    """The tables a node holds: the agent's, with a tiered table's hot part in memory.
+
+    Raises:
+      ValueError: a table that cannot be tiered.
+    """
+    specs = list(make_tables())
+    if tiering is not None:
+        tiering.sampled_spec(specs)  # raises for a table that cannot be tiered
+        specs = [tiering.hot_spec(s) if s.name == tiering.table else s for s in specs]
+    return specs
+
+
 def _cold_store(spec: api.TableSpec, tiering: tiering_lib.Tiering | None) -> cold.ColdStore | None:
     if tiering is None or spec.name != tiering.table:
         return None
@@ -100,10 +115,7 @@ class NativeReplayNode:
         tiering: tiering_lib.Tiering | None = None,
         seed: int | None = None,
     ):
-        specs = list(make_tables())
-        if tiering is not None:
-            tiering.sampled_spec(specs)  # raises for a table that cannot be tiered
-            specs = [tiering.hot_spec(s) if s.name == tiering.table else s for s in specs]
+        specs = node_specs(make_tables, tiering)
         check_memory(specs)
         rng = np.random.default_rng(seed)
         self._tiering = tiering

@@ -13,12 +13,13 @@ import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Iterator
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import console, envs, metrics, multiagent, types
+from gorila_jax import console, envs, metrics, multiagent, text, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
@@ -27,7 +28,7 @@ from gorila_jax.gorila import mode, parameter_server
 from gorila_jax.health import balance
 from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import elastic, role_program, wiring
+from gorila_jax.run import budget, elastic, role_program, wiring
 from gorila_jax.run import logdir as logdir_lib
 from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
 from gorila_jax.run.wiring import add_actor, make_program, remove_actor, set_sample_weights
@@ -100,26 +101,54 @@ class Terminated(KeyboardInterrupt):
     """The run was stopped by SIGTERM: as by Ctrl-C, but the CLI exits 143 (128 + 15)."""
 
 
+class _Signals:
+    """Ctrl-C and SIGTERM while the run is on: both stop it like KeyboardInterrupt (SIGTERM as
+    `Terminated`). Once it stops (`stopping`), one more of either (a key pressed twice) is
+    said and ignored, so the final checkpoint and the summary are still written; the next
+    one aborts them."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.stopping = False
+        self._ignored = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received.append(signum)
+        if self.stopping and not self._ignored:
+            self._ignored = True
+            print(
+                "stopping already: the final checkpoint and summary come first "
+                "(one more Ctrl-C aborts them)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        if signum == signal.SIGTERM:
+            raise Terminated(f"signal {signum}")
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    @property
+    def terminated(self) -> bool:
+        """Whether the run was stopped by SIGTERM (the CLI then exits 143, not 130)."""
+        return bool(self.received) and self.received[0] == signal.SIGTERM
+
+
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[int]]:
-    """SIGTERM (a scheduler, `kill`) stops the run like Ctrl-C: cleanly, after a checkpoint.
-
-    Yields a list that holds the signal once one came.
-    """
-    received: list[int] = []
+def _run_signals() -> Iterator[_Signals]:
+    """`_Signals` handles SIGINT and SIGTERM for the block (from the main thread only:
+    signal handlers cannot be installed from others)."""
+    signals = _Signals()
     if threading.current_thread() is not threading.main_thread():
-        yield received  # signal handlers can only be installed from the main thread
+        yield signals
         return
-
-    def interrupt(signum, frame):
-        received.append(signum)
-        raise Terminated(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {
+        number: signal.signal(number, signals) for number in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
-        yield received
+        yield signals
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def _drive(
@@ -150,6 +179,11 @@ def _drive(
         cfg.startup_timeout_s,
     )
     previous_row = logger.last_row or {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
+    env_step_budget = budget.EnvStepBudget(
+        cfg.total_env_steps,
+        lambda: [(node.name, running.client(node.name)) for node in running.active_nodes("actor")],
+        monitor_client.node_counters,
+    )
     reason = None
     try:
         with console.progress_reporter(cfg.total_env_steps) as progress:
@@ -163,6 +197,8 @@ def _drive(
                     progress.message(line)
                 progress.poll(snapshot)
                 reason = _done(cfg, snapshot, elapsed)
+                if reason is None:
+                    env_step_budget.poll(snapshot["env_steps"])
                 if reason or elapsed - previous_row["wall_time_s"] >= cfg.log_interval_s:
                     _write_node_status(
                         cfg.logdir,
@@ -307,6 +343,21 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig, final_evaluation: bool =
             _wait_finished(running, node)
 
 
+def _stop(running: Any, cfg: ExperimentConfig, reason: str) -> str | None:
+    """`_stop_in_order`; what failed as the run stopped (its final checkpoint on a full
+    disk, say), or None. A failure there still ends the run with its summary."""
+    try:
+        _stop_in_order(running, cfg, final_evaluation=reason != "interrupted")
+    except Exception as error:  # noqa: BLE001  reported in the summary and the exit code
+        # The traceback goes to the log file; the console gets the summary's one line.
+        logging.info("the run failed as it stopped", exc_info=True)
+        return (
+            "the run failed as it stopped, its final checkpoint may be missing: "
+            + text.first_line(error)
+        )
+    return None
+
+
 def _base(group: str) -> str:
     """A group's kind, whatever role it serves: "learner@prey" -> "learner"."""
     return group.partition(program_lib.ROLE_MARK)[0]
@@ -379,6 +430,31 @@ def _write_curves(logdir: str) -> None:
         logging.warning("curves.png not written into %s", logdir, exc_info=True)
 
 
+def check_run(
+    builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder],
+    cfg: ExperimentConfig,
+    agents_taking_demos: tuple[str, ...] = (),
+) -> None:
+    """Everything a run checks before it changes its logdir or starts a node.
+
+    Raises:
+      ValueError: naming the setting at fault.
+    """
+    cfg.validate()
+    roles = multiagent.roles_of(cfg.env_id)
+    if roles:
+        role_program.check_run(_role_builders(builder, roles), cfg)
+    else:
+        wiring.check_program(builder, cfg, envs.env_spec(cfg.env_id), agents_taking_demos)
+
+
+def _role_builders(
+    builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder], roles: Any
+) -> dict[str, builder_lib.AgentBuilder]:
+    """One builder per role: as given, or the one builder for every role."""
+    return builder if isinstance(builder, dict) else dict.fromkeys(roles, builder)
+
+
 def run_experiment(
     builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder],
     cfg: ExperimentConfig,
@@ -403,9 +479,10 @@ def run_experiment(
       The summary: counters, rates, final greedy evaluation, evaluation history.
 
     Raises:
+      ValueError: a setting that cannot work (`check_run`), before anything changes.
       logdir.LogdirInUse: another run holds `cfg.logdir`.
     """
-    cfg.validate()
+    check_run(builder, cfg)
     with logdir_lib.hold(cfg.logdir):
         previous = None if cfg.resume else logdir_lib.set_aside(cfg.logdir)
         try:
@@ -416,8 +493,15 @@ def run_experiment(
 
 
 def _saved_anything(logdir: str) -> bool:
-    """Whether the run in `logdir` has written a checkpoint or its summary."""
-    return os.path.exists(os.path.join(logdir, "summary.json")) or checkpoint.any_saved(logdir)
+    """Whether the run in `logdir` has saved what a run keeps: a checkpoint, or the summary
+    of a run without a problem (a run that keeps no checkpoints)."""
+    if checkpoint.any_saved(logdir):
+        return True
+    try:
+        with open(os.path.join(logdir, "summary.json")) as f:
+            return "problem" not in json.load(f)
+    except (OSError, ValueError):
+        return False
 
 
 def _run_in_held_logdir(
@@ -429,15 +513,12 @@ def _run_in_held_logdir(
     roles = multiagent.roles_of(cfg.env_id)
     resume = role_resume = None
     if roles:
-        builders = builder if isinstance(builder, dict) else dict.fromkeys(roles, builder)
-        role_program.check_run(builders, cfg)
+        builders = _role_builders(builder, roles)
         role_resume = role_program.prepare_logdir(builders, cfg)
         program = role_program.make_program(builders, cfg, role_resume)
         resume_meta = role_program.newest_meta(role_resume)
     else:
         spec = envs.env_spec(cfg.env_id)
-        builder.validate(cfg.num_learner_devices or 1, spec)
-        cfg.check_budget(builder)
         template = wiring.checkpoint_template(builder, cfg, spec)
         resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
         program = make_program(builder, cfg, spec, resume)
@@ -455,15 +536,16 @@ def _run_in_held_logdir(
         # (sys.exit), which would otherwise end the run without its final checkpoint.
         with (
             launchers.launch(program, cfg.launcher, **launcher_options) as running,
-            _sigterm_as_interrupt() as sigterm,
+            _run_signals() as signals,
         ):
             if roles:
                 scaler = _fixed_actors(running, cfg)
             else:
                 scaler = _actor_scaler(running, builder, cfg, spec)
             reason = _drive(running, cfg, logger, start, scaler, previous)
+            signals.stopping = True
             print(f"stopping: {reason}", flush=True)
-            _stop_in_order(running, cfg, final_evaluation=reason != "interrupted")
+            stop_failure = _stop(running, cfg, reason)
             if roles:
                 role_params = role_program.final_params(running, builders, cfg)
             else:
@@ -484,7 +566,7 @@ def _run_in_held_logdir(
             "agent_config": {role: dataclasses.asdict(b.config) for role, b in builders.items()},
         }
     else:
-        if cfg.saves_checkpoints:
+        if cfg.saves_checkpoints and not stop_failure:
             where = checkpoint.checkpoint_root(cfg.logdir)
             print(f"checkpoint: learner step {params_version:,} in {where}", flush=True)
         outcome = {
@@ -508,16 +590,18 @@ def _run_in_held_logdir(
         ),
         "experiment": dataclasses.asdict(cfg),
     }
-    if summary["learner_steps"] == 0 and reason != "interrupted":
-        # Said in the summary, and the CLI exits non-zero: a run that never trained is
-        # not a result, whatever its final return.
+    # Said in the summary, and the CLI exits non-zero: a run that never trained is not a
+    # result, whatever its final return; nor is one that could not save its end.
+    if stop_failure:
+        summary["problem"] = stop_failure
+    elif summary["learner_steps"] == 0 and reason != "interrupted":
         summary["problem"] = NO_UPDATE
     with open(os.path.join(cfg.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     _write_curves(cfg.logdir)
     if reason == "interrupted":
         print("interrupted: final evaluation skipped; --resume continues the run", flush=True)
-        raise Terminated() if sigterm else KeyboardInterrupt()
+        raise Terminated() if signals.terminated else KeyboardInterrupt()
     return summary
 
 

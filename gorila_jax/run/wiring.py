@@ -20,6 +20,52 @@ from gorila_jax.learning import checkpoint, learner, multihost_learner, sync_lea
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
+def check_program(
+    builder: builder_lib.AgentBuilder,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec,
+    agents_taking_demos: tuple[str, ...] = (),
+) -> None:
+    """What a program of one agent needs, checked before anything starts.
+
+    Raises:
+      ValueError: naming the setting at fault (`agents_taking_demos` are named to a
+        `--demos` the agent cannot take).
+    """
+    builder.validate(cfg.num_learner_devices or 1, spec)
+    cfg.check_budget(builder)
+    if cfg.balance_interval_s:
+        # "downweight" needs priorities in the sampled table.
+        balance.check_remedy(cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table)
+    demonstrations.check_run(cfg.demos, builder, spec, agents_taking_demos)
+    if cfg.learner_mode == "gorila":
+        mode.check_agent(builder, spec)
+    cfg.replay_tiering(builder)  # raises for a table that cannot be tiered
+    check_replay_memory(builder, cfg, spec)
+
+
+def check_replay_memory(
+    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+) -> None:
+    """Refuses native replay tables larger than this host's available memory, where
+    every shard runs on this host (not a Ray cluster of others: there each node checks
+    its own host as it starts).
+
+    Raises:
+      ValueError: the GiB needed and available, and what to lower.
+    """
+    if cfg.replay_backend != replay.NATIVE or cfg.ray_address:
+        return
+    make_tables, tiers = _replay_shard_tables(builder, cfg, spec)
+    specs = [table for tiering in tiers for table in replay.node_specs(make_tables, tiering)]
+    if cfg.learner_mode == "federated":  # a replay of its own for each client
+        specs *= cfg.num_clients
+    try:
+        replay.check_memory(specs)
+    except MemoryError as error:
+        raise ValueError(str(error)) from None
+
+
 def make_program(
     builder: builder_lib.AgentBuilder,
     cfg: ExperimentConfig,
@@ -31,10 +77,6 @@ def make_program(
     With `resume`, every node starts from that checkpoint: learner state and
     replay from its step, counters, returns and evaluations from its meta.
     """
-    if cfg.balance_interval_s:
-        # Before anything starts: "downweight" needs priorities in the sampled table.
-        balance.check_remedy(cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table)
-    demonstrations.check_run(cfg.demos, builder, spec)
     if cfg.learner_mode == "federated":
         from gorila_jax.run import federated_program  # it builds on this module's parts
 
@@ -305,15 +347,11 @@ def add_replay_shards(
     `checkpoint.role_logdir`.
     """
     num_shards = cfg.num_replay_shards
-    make_tables = functools.partial(builder.replay_tables, spec)
-    if num_shards > 1:
-        make_tables = functools.partial(replay.shard_tables, make_tables, num_shards)
+    make_tables, tiers = _replay_shard_tables(builder, cfg, spec)
     # Demonstrations sit on the first shard only: a table of their own, filled when it starts.
     first_tables, preload = make_tables, None
     if cfg.demos:
         first_tables, preload = demonstrations.first_shard(make_tables, cfg.demos, builder, spec)
-    tiering = cfg.replay_tiering(builder)
-    tiers = [tiering and tiering.for_shard(shard, num_shards) for shard in range(num_shards)]
     if cfg.replay_backend == replay.NATIVE:
         # Each shard draws from its own seed: shards' samples are independent.
         node_options = [{"seed": cfg.seed * num_shards + shard} for shard in range(num_shards)]
@@ -345,6 +383,20 @@ def add_replay_shards(
     for handle in handles:
         program.node(handle.name).restartable(restart)
     return handles
+
+
+def _replay_shard_tables(
+    builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
+) -> tuple[Callable[[], Any], list[Any]]:
+    """What each replay shard holds: its tables (the agent's, split over the shards) and
+    its part of a tiered replay (None each where there is none)."""
+    num_shards = cfg.num_replay_shards
+    make_tables = functools.partial(builder.replay_tables, spec)
+    if num_shards > 1:
+        make_tables = functools.partial(replay.shard_tables, make_tables, num_shards)
+    tiering = cfg.replay_tiering(builder)
+    tiers = [tiering and tiering.for_shard(shard, num_shards) for shard in range(num_shards)]
+    return make_tables, tiers
 
 
 def reverb_ports(cfg: ExperimentConfig) -> list[int]:

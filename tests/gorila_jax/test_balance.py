@@ -290,10 +290,11 @@ def test_downweighting_needs_a_prioritized_table(tmp_path):
     balance.check_remedy(
         "downweight", dqn_builder.replay_tables(cartpole), dqn_builder.sample_table
     )
-    # The run refuses before anything starts.
-    cfg = _experiment(tmp_path, balance_remedy="downweight")
+    # The run refuses before anything starts or changes in its logdir.
+    cfg = _experiment(tmp_path / "run", balance_remedy="downweight")
     with pytest.raises(ValueError, match="balance_remedy='downweight'"):
-        wiring.make_program(ppo.PPOBuilder(ppo.PPOConfig()), cfg, cartpole)
+        experiment.run_experiment(ppo.PPOBuilder(ppo.PPOConfig()), cfg)
+    assert not (tmp_path / "run").exists()
 
 
 def random_transitions(count: int, seed: int) -> types.Transition:

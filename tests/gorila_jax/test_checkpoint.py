@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import numpy as np
@@ -284,7 +285,16 @@ def _learner_steps_logged(logdir) -> bool:
         return False
 
 
-def test_sigterm_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path):
+@pytest.mark.parametrize(
+    "signals, exit_code",
+    [
+        ([signal.SIGTERM], 143),  # the shell's code for SIGTERM
+        # A key pressed twice: the second is said and ignored, the run still ends whole.
+        ([signal.SIGINT, signal.SIGINT], 130),
+    ],
+    ids=["sigterm", "two_ctrl_c"],
+)
+def test_a_signal_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path, signals, exit_code):
     flags = [
         "--launcher=local",
         "--num_actors=1",
@@ -321,13 +331,17 @@ def test_sigterm_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path):
                 f"no learner step logged while the run went on (exit code {process.poll()}):\n"
                 + log.read_text()[-3000:]
             )
-            process.send_signal(signal.SIGTERM)
+            for number in signals:
+                process.send_signal(number)
+                time.sleep(0.3)
             process.wait(timeout=240)
         finally:
             process.kill()
     output = log.read_text()
-    assert process.returncode == 143, output[-2000:]  # the shell's code for SIGTERM
+    assert process.returncode == exit_code, output[-2000:]
     assert "interrupted: final evaluation skipped" in output
+    if len(signals) > 1:
+        assert "stopping already: the final checkpoint and summary come first" in output
     assert "Traceback" not in output
     with open(tmp_path / "summary.json") as f:
         summary = json.load(f)

@@ -130,6 +130,9 @@ _ROUTED = textwrap.dedent(
     checkpoint.remove_newer(logdir, 3)  # our warning: removing unusable checkpoint
     logging.getLogger("some.library").error("a third-party error")
     print("error: the run's own error line", file=sys.stderr)
+    # Ray's errors carry colour codes; the console here is a pipe.
+    logging.getLogger("ray").error("\x1b[36mray::NodeActor.construct()\x1b[39m (pid=7)")
+    raise RuntimeError("\x1b[36mray::NodeActor.call()\x1b[39m (pid=8) died")
     """
 )
 
@@ -142,9 +145,13 @@ def test_routing_keeps_our_warnings_and_every_error_on_the_console(tmp_path):
         text=True,
         timeout=300,
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
     shown = result.stdout + result.stderr
     assert "removing unusable checkpoint" in shown
+    # Errors and the traceback are shown, without escape codes, on the pipe and in the file.
+    assert "ray::NodeActor.construct() (pid=7)" in shown
+    assert "RuntimeError: ray::NodeActor.call() (pid=8) died" in shown
+    assert "\x1b" not in shown
     assert "a third-party error" in shown
     assert "error: the run's own error line" in shown
     for hidden in ("Started replay server", "Unable to initialize", "Token auth", "deprecation"):
@@ -153,6 +160,7 @@ def test_routing_keeps_our_warnings_and_every_error_on_the_console(tmp_path):
     for line in ("Started replay server", "Unable to initialize", "Token auth", "deprecation"):
         assert line in logged
     assert "removing unusable checkpoint" in logged  # the file is the whole log
+    assert "ray::NodeActor.construct() (pid=7)" in logged and "\x1b" not in logged
 
 
 @pytest.mark.parametrize(

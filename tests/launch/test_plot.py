@@ -307,6 +307,23 @@ def test_a_logdir_without_runs_and_an_unreadable_csv_are_named_in_the_error(sing
         plots.plot_logdirs([single_run], str(tmp_path / "c.png"), labels=["a", "b"])
 
 
+def test_a_run_whose_last_row_a_crash_cut_is_drawn_without_it_and_a_warning(tmp_path):
+    logdir = tmp_path / "crashed"
+    _write_run(logdir, num_rows=11, offset=5.0, slope=0.01)
+    os.remove(logdir / "summary.json")  # the run died: no summary
+    csv_path = logdir / "metrics.csv"
+    whole = csv_path.read_bytes()
+    csv_path.write_bytes(whole[: whole.rindex(b",", 0, len(whole) - 1) - 1])  # mid-row
+    rows = curves.read_run(str(logdir)).rows
+    assert [row["env_steps"] for row in rows] == [i * ENV_STEPS_PER_ROW for i in range(10)]
+    result = _plot(f"--logdir={logdir}", f"--out={tmp_path}/c.png")
+    assert result.returncode == 0, result.stderr
+    assert "metrics.csv: its last row was cut short (a crash while writing it?): left out" in (
+        result.stderr
+    )
+    assert (tmp_path / "c.png").stat().st_size > 0
+
+
 def test_a_sweep_json_names_the_groups_and_runs_without_metrics_are_skipped(tmp_path, capsys):
     for name, (offset, slope) in zip(("a/0", "a/1", "b/0"), SEEDS):
         _write_run(tmp_path / name, num_rows=4, offset=offset, slope=slope)

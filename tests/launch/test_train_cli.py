@@ -2,15 +2,19 @@
 
 import concurrent.futures
 import dataclasses
+import json
 import os
 import re
+import resource
 import subprocess
 import sys
+from typing import Callable
 
 import psutil
 import pytest
 
 from gorila_jax import multiagent
+from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from launch import presets, train
 
@@ -56,6 +60,7 @@ BAD_INPUTS = [
     ),
     (["--launcher=launchpad", "--elastic_interval_s=5"], "cannot do what elastic_interval_s"),
     (["--launchpad_launch_type=nope"], "--launchpad_launch_type"),
+    (["--config.max_replay_size=100000000000"], "the replay's tables need 4470.3 GiB"),
     # Tasks of several roles (role groups, docs/multiagent.md).
     (
         ["--env=mpe/simple_tag_v3", "--agent=sac"],
@@ -190,6 +195,15 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         (
             {"config": {"batch_size": 100_000_000}},
             "config.batch_size=100000000 exceeds config.max_replay_size=120000",
+        ),
+        # Tables this host cannot hold, summed over the shards that all run here.
+        (
+            {"config": {"max_replay_size": 10**11}},
+            r"the replay's tables need 4470.3 GiB \(priority_table: 100,000,000,000 items",
+        ),
+        (
+            {"config": {"max_replay_size": 10**11}, "num_replay_shards": 2, "num_actors": 2},
+            r"need 4470.3 GiB \(priority_table: 50,000,000,000 items .* priority_table: 50,",
         ),
     ],
 )
@@ -333,3 +347,43 @@ def test_a_federated_run_over_its_privacy_target_is_refused_before_it_starts(rou
         settings["federated_rounds"] = rounds
     with pytest.raises(ValueError, match=message):
         _check(learner_mode="federated", **settings)
+
+
+def _no_file_over(size: int) -> Callable[[], None]:
+    """A child process's limit: writes past `size` bytes of a file fail (EFBIG), as a full
+    disk fails them; Python ignores SIGXFSZ, so the write raises OSError."""
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+@pytest.mark.slow
+def test_a_run_whose_final_save_fails_exits_1_with_its_summary_saying_so(tmp_path):
+    # Checkpoints only at the end: the replay's table file is the first file over 100 kB.
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.train",
+            "--launcher=local",
+            "--total_env_steps=3000",
+            "--checkpoint_interval_steps=1000000",
+            "--eval_episodes=2",
+            f"--logdir={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_no_file_over(100_000),
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    (error,) = _error_lines(result)
+    assert error.startswith("error: the run failed as it stopped, its final checkpoint may be ")
+    assert "File too large" in error and f"(summary in {tmp_path})" in error
+    assert "Traceback" not in result.stderr  # it is in the log file
+    assert "File too large" in (tmp_path / "third_party.log").read_text()
+    with open(tmp_path / "summary.json") as f:
+        summary = json.load(f)
+    assert summary["problem"] == error.removeprefix("error: ").rpartition(" (summary")[0]
+    assert summary["learner_steps"] > 0 and summary["final_eval_episodes"] == 2
+    # No partial checkpoint carries a step's name.
+    assert checkpoint.saved_steps(str(tmp_path)) == []

@@ -14,6 +14,7 @@ from typing import Any
 import ray
 import ray.exceptions
 
+from gorila_jax import text
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.distributed.launchers import base
 
@@ -152,5 +153,4 @@ def first_line(error: BaseException) -> str:
     cause = getattr(error, "cause", None)  # RayTaskError: the exception the node raised
     if isinstance(error, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
         error = cause
-    lines = [line for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:500]
+    return text.first_line(error)
