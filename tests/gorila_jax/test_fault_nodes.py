@@ -417,6 +417,11 @@ def test_a_hung_actor_is_replaced_as_stalled_and_a_killed_one_as_dead(tmp_path, 
         assert hung_in_time, f"actor/0 never reached {builder.hang_after} env steps: " + str(
             _node_status(logdir)
         )
+        # The hang can come before actor/0's first heartbeat reached the monitor: its
+        # counters show once one has (its heartbeat goes on while it hangs).
+        assert fakes.wait_until(
+            lambda: "counters" in _node_status(logdir).get("actor/0", {}), timeout_s=60
+        ), _node_status(logdir)
         hung = _node_status(logdir)["actor/0"]
         replaced_hung = fakes.wait_until(
             lambda: _replaced_and_acting(
