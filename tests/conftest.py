@@ -50,11 +50,13 @@ KNOWN_LEFTOVER_THREADS = {
 }
 
 
-# Tests that run one after another on one xdist worker, beside the others: their
-# bounds on wall time (a stall timeout, waits for a restarted node) and Gorila's
-# asynchronous learning were measured with one such run on the machine at a time, and
-# the teardown test keeps a core busy on purpose. xdist's scheduler sees test ids
-# only, not marks, hence names.
+# Tests that run one after another in a pytest process of their own, after the others
+# (tests/run.sh): their bounds on wall time (a stall timeout, waits for a restarted
+# node) and Gorila's asynchronous learning were measured with one such run on the
+# machine at a time, and the teardown test keeps a core busy on purpose. They are also
+# the Ray-heavy ones in whose xdist worker the channel to the controller was lost three
+# times (docs/testing.md): without xdist there is no channel. They get the
+# `one_at_a_time` mark here, by name (one list, not a mark on each).
 ONE_AT_A_TIME = frozenset(
     {
         "test_gorila_dqn_learns_cartpole_with_two_workers_and_two_shards",
@@ -74,44 +76,22 @@ def _test_name(nodeid: str) -> str:
     return nodeid.rpartition("::")[2].partition("[")[0]
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """`--dist loadfile`, except that the `ONE_AT_A_TIME` tests are one unit of work.
-
-    Units go out in collection order (`pytest_collection_modifyitems` below puts
-    that unit first): one worker takes it, the others take whole files meanwhile.
-    """
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class OneAtATimeThenFiles(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            if _test_name(nodeid) in ONE_AT_A_TIME:
-                return "one at a time"
-            return super()._split_scope(nodeid)
-
-    config.option.loadscopereorder = False  # the collection order is the schedule
-    return OneAtATimeThenFiles(config, log)
-
-
-@pytest.hookimpl(trylast=True)  # after `-m` has deselected what will not run
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marks
 def pytest_collection_modifyitems(config, items):
-    """Under xdist, the `ONE_AT_A_TIME` tests first, then the files with other slow tests,
+    """Marks the `ONE_AT_A_TIME` tests; under xdist, the files with slow tests go first,
     then the rest: the short files at the end fill the workers evenly.
 
-    xdist gives each file whole to one worker, so a module's fixtures run once and
-    the leak check sees the whole module. A serial run keeps the file order.
+    xdist gives each file whole to one worker (`--dist loadfile`), so a module's
+    fixtures run once and the leak check sees the whole module. A serial run keeps
+    the file order.
     """
+    for item in items:
+        if _test_name(item.nodeid) in ONE_AT_A_TIME:
+            item.add_marker(pytest.mark.one_at_a_time)
     if not hasattr(config, "workerinput"):
         return
     has_slow = {item.path for item in items if item.get_closest_marker("slow")}
-
-    def rank(item) -> int:
-        if _test_name(item.nodeid) in ONE_AT_A_TIME:
-            return 0
-        return 1 if item.path in has_slow else 2
-
-    items.sort(key=rank)  # stable: a file's own order stays
+    items.sort(key=lambda item: item.path not in has_slow)  # stable: a file's own order stays
 
 
 @pytest.fixture
