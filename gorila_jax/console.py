@@ -50,6 +50,10 @@ class _PlainWriter(io.TextIOBase):
     def fileno(self) -> int:
         return self._stream.fileno()
 
+    @property
+    def name(self) -> str:
+        return self._stream.name
+
     def isatty(self) -> bool:
         return self._stream.isatty()
 

@@ -156,10 +156,10 @@ def test_grid_points_are_the_product_of_the_values_with_readable_names():
 
 @pytest.mark.slow
 def test_a_failed_run_is_reported_and_the_sweep_goes_on_then_exits_non_zero(tmp_path):
-    # A replay larger than the host's memory passes every check and fails at launch, when
-    # the replay node sizes its tables (CartPole's items: 10^10 of them are terabytes).
-    huge, fits = "max_replay_size=10000000000", "max_replay_size=1000"
-    result = _sweep(tmp_path, "--seeds=1", f"--grid=config.{huge},1000", train_flags=TINY_RUN)
+    # More learner devices than the learner's host has passes every check (a Ray cluster's
+    # learner host may have them) and fails at launch, when the learner is built.
+    huge, fits = "num_learner_devices=16", "num_learner_devices=1"
+    result = _sweep(tmp_path, "--seeds=1", f"--grid={huge},1", train_flags=TINY_RUN)
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"[{huge} seed=0] failed with exit code 1" in result.stdout
     assert "this host has" in result.stdout  # the last lines of the run's console.log
