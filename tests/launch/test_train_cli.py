@@ -60,7 +60,10 @@ BAD_INPUTS = [
     ),
     (["--launcher=launchpad", "--elastic_interval_s=5"], "cannot do what elastic_interval_s"),
     (["--launchpad_launch_type=nope"], "--launchpad_launch_type"),
-    (["--config.max_replay_size=100000000000"], "the replay's tables need 4470.3 GiB"),
+    (  # the native replay's tables allocate at start (Reverb's grow as items come)
+        ["--replay=native", "--config.max_replay_size=100000000000"],
+        "the replay's tables need 4470.3 GiB",
+    ),
     # Tasks of several roles (role groups, docs/multiagent.md).
     (
         ["--env=mpe/simple_tag_v3", "--agent=sac"],
@@ -198,11 +201,16 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         ),
         # Tables this host cannot hold, summed over the shards that all run here.
         (
-            {"config": {"max_replay_size": 10**11}},
+            {"config": {"max_replay_size": 10**11}, "replay_backend": "native"},
             r"the replay's tables need 4470.3 GiB \(priority_table: 100,000,000,000 items",
         ),
         (
-            {"config": {"max_replay_size": 10**11}, "num_replay_shards": 2, "num_actors": 2},
+            {
+                "config": {"max_replay_size": 10**11},
+                "replay_backend": "native",
+                "num_replay_shards": 2,
+                "num_actors": 2,
+            },
             r"need 4470.3 GiB \(priority_table: 50,000,000,000 items .* priority_table: 50,",
         ),
     ],
@@ -364,6 +372,7 @@ def test_a_run_whose_final_save_fails_exits_1_with_its_summary_saying_so(tmp_pat
             "-m",
             "launch.train",
             "--launcher=local",
+            "--replay=native",  # the same file on both sets (Reverb's differ)
             "--total_env_steps=3000",
             "--checkpoint_interval_steps=1000000",
             "--eval_episodes=2",
