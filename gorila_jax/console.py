@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 from typing import Any, TextIO
 
@@ -154,6 +155,20 @@ def route_third_party_logs(logdir: str) -> str:
         (sys.stderr if is_ours(filename) else log).write(text)
 
     warnings.showwarning = show_warning
+
+    def unraisable_to_file(unraisable: Any) -> None:
+        # Errors in finalizers (a zipfile's __del__ after a failed save, on Python 3.10)
+        # are library noise: the file keeps them, the console has the run's own error.
+        log.write(f"Exception ignored in: {unraisable.object!r}\n")
+        log.write(
+            "".join(
+                traceback.format_exception(
+                    unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback
+                )
+            )
+        )
+
+    sys.unraisablehook = unraisable_to_file
     _routing = _Routing(path, log)
     route_ray_logger()
     return path
