@@ -15,7 +15,6 @@ moment, so the steps of an actor that was removed, or killed and restarted from 
 last report, go to the others.
 """
 
-import concurrent.futures
 import logging
 import time
 from typing import Any, Callable
@@ -66,7 +65,7 @@ class EnvStepBudget:
         try:
             asked = [client.futures.env_steps_now() for _, client in actors]
             counts = [int(f.result(timeout=_CALL_TIMEOUT_S)) for f in asked]
-        except (Exception, concurrent.futures.TimeoutError) as error:  # noqa: BLE001
+        except Exception as error:  # noqa: BLE001  a timeout is one too
             # An actor restarting: the next poll shares out again.
             logging.info("env-step limits not set this poll: %s", error)
             return
