@@ -10,6 +10,7 @@ this codebase, and errors of anyone, stay on the console.
 
 import dataclasses
 import io
+import faulthandler
 import logging
 import os
 import re
@@ -141,6 +142,9 @@ def route_third_party_logs(logdir: str) -> str:
     # that is not a terminal. C++ libraries' lines reach fd 2 unfiltered: they carry none.
     log = _PlainWriter(log_file)
     sys.stderr = console if console.isatty() else _PlainWriter(console)
+    # A crash in C++ (SIGABRT, SIGSEGV) would otherwise end the run with nothing on the
+    # console: absl pointed faulthandler at fd 2, which is the file now.
+    faulthandler.enable(file=console, all_threads=True)
 
     root = logging.getLogger()
     show_only_what_matters()

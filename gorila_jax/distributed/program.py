@@ -239,17 +239,29 @@ class Client:
         return lambda *args, **kwargs: self._call(method, args, kwargs)
 
     @property
-    def futures(self) -> Any:
-        client = self
-
-        class _Futures:
-            def __getattr__(self, method: str) -> Callable[..., concurrent.futures.Future]:
-                return lambda *args, **kwargs: client._submit(method, args, kwargs)
-
-        return _Futures()
+    def futures(self) -> "_Futures":
+        return _Futures(self)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.node_name!r})"
+
+
+class _Futures:
+    """`client.futures`: its methods return a Future at once.
+
+    A class of its own, not one made per call: a class is a reference cycle, and a
+    client kept by one would be freed by the cyclic garbage collector on whatever
+    thread it runs, a courier client's own callback thread included (which aborts).
+    """
+
+    def __init__(self, client: Client):
+        self._client = client
+
+    def __getattr__(self, method: str) -> Callable[..., concurrent.futures.Future]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        client = self._client
+        return lambda *args, **kwargs: client._submit(method, args, kwargs)
 
 
 class Worker:

@@ -259,14 +259,19 @@ class ShardedParameters:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     @property
-    def futures(self) -> Any:
-        pool, get_params = self._pool, self.get_params
+    def futures(self) -> "_ShardedFutures":
+        """As a node client's `futures` (`program.Client`): `get_params` in the background."""
+        return _ShardedFutures(self)
 
-        class _Futures:
-            def get_params(self, newer_than: int = -1) -> concurrent.futures.Future:
-                return pool.submit(get_params, newer_than)
 
-        return _Futures()
+class _ShardedFutures:
+    # A class of its own, not one made per call: see `program._Futures`.
+    def __init__(self, parameters: ShardedParameters):
+        self._parameters = parameters
+
+    def get_params(self, newer_than: int = -1) -> concurrent.futures.Future:
+        parameters = self._parameters
+        return parameters._pool.submit(parameters.get_params, newer_than)
 
 
 def sharded_parameters(

@@ -1,11 +1,13 @@
 """The same program object under the `local` and `ray` launchers."""
 
+import gc
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import psutil
 import pytest
@@ -36,6 +38,23 @@ def test_futures_return_without_blocking_the_caller(launcher, ray_options):
         counter = running.client("counter")
         futures = [counter.futures.add("driver", 1) for _ in range(10)]
         assert sorted(f.result(timeout=60) for f in futures) == list(range(1, 11))
+
+
+def test_a_client_used_for_futures_is_freed_where_its_last_reference_goes():
+    # Left to the cyclic garbage collector, a client is freed on whatever thread that
+    # runs: a courier client freed on its own callback thread aborted a Launchpad run.
+    graph = fakes.make_counting_program(num_producers=0)
+    with launchers.launch(graph, "local") as running:
+        gc.disable()
+        try:
+            client = program.Client("counter")  # the base class's `futures`
+            client._submit = running.client("counter")._submit
+            client.futures.add("driver", 1).result(timeout=60)
+            freed = weakref.ref(client)
+            del client
+            assert freed() is None, "the client outlived its last reference"
+        finally:
+            gc.enable()
 
 
 @pytest.mark.parametrize("launcher", ["local", "ray"])

@@ -121,7 +121,10 @@ def test_dqn_solves_cartpole_under_launchpad_local_mp(tmp_path):
         text=True,
         timeout=900,
     )
-    assert result.returncode == 0, result.stderr[-3000:]
+    third_party_log = logdir / "third_party.log"
+    assert result.returncode == 0, result.stderr[-3000:] + (
+        third_party_log.read_text()[-3000:] if third_party_log.exists() else ""
+    )
     assert "launchpad launcher: a node that fails ends the run" in result.stdout
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["stop_reason"] == "total_env_steps reached"

@@ -163,6 +163,25 @@ def test_routing_keeps_our_warnings_and_every_error_on_the_console(tmp_path):
     assert "ray::NodeActor.construct() (pid=7)" in logged and "\x1b" not in logged
 
 
+def test_a_crash_in_native_code_under_routing_shows_where_on_the_console(tmp_path):
+    # fd 2 is the log file under routing; an abort (a C++ CHECK, std::terminate) must
+    # still leave the console more than silence.
+    crashing = (
+        "import os, sys; from gorila_jax import console; "
+        "console.route_third_party_logs(sys.argv[1]); os.abort()"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", crashing, str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == -6
+    assert "Fatal Python error: Aborted" in result.stderr, result.stderr
+    assert 'File "<string>", line 1' in result.stderr
+
+
 @pytest.mark.parametrize(
     "line, matters",
     [

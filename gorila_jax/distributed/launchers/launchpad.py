@@ -74,13 +74,20 @@ class LaunchpadProgram(base.RunningProgram):
             name: launchpad_nodes.host_client(address, 10.0, probe=True)
             for name, address in self._addresses.items()
         }
+        # One client per node for the program's life. A courier client freed on the
+        # thread that delivers its own call's result (a one-off client's last reference
+        # is its future's) joins that thread in `__del__`: "Resource deadlock avoided",
+        # then std::terminate aborted the driver (1 run in 12 under load).
+        # So is each host client that builds and starts a node (its calls end later).
+        self._clients: dict[str, launchpad_nodes.LaunchpadClient] = {}
+        self._starters: dict[str, Any] = {}
         self._construct: dict[str, concurrent.futures.Future] = {}
         for spec in program.nodes:
             self._start(spec)
 
     def _start(self, spec: program_lib.NodeSpec) -> None:
         resolve = lambda handle: self.client(handle.name)  # noqa: E731
-        host = launchpad_nodes.host_client(self._addresses[spec.name])
+        host = self._starters[spec.name] = launchpad_nodes.host_client(self._addresses[spec.name])
         self._construct[spec.name] = host.futures.construct(
             spec.constructor,
             program_lib.map_handles(resolve, spec.args),
@@ -92,7 +99,9 @@ class LaunchpadProgram(base.RunningProgram):
 
     def client(self, name: str) -> launchpad_nodes.LaunchpadClient:
         name = self.program.resolve_name(name)
-        return launchpad_nodes.LaunchpadClient(name, self._addresses[name])
+        if name not in self._clients:
+            self._clients[name] = launchpad_nodes.LaunchpadClient(name, self._addresses[name])
+        return self._clients[name]
 
     @property
     def stopped(self) -> bool:
