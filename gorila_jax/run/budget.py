@@ -12,7 +12,9 @@ its budget.
 
 Limits are set anew at each poll of the endgame from the actors' counts of the
 moment, so the steps of an actor that was removed, or killed and restarted from its
-last report, go to the others.
+last report, go to the others; so do those of an actor that stood still below its
+limit since the previous poll (hung in its environment, say), which would otherwise
+hold the run short of its budget for good.
 """
 
 import logging
@@ -44,6 +46,7 @@ class EnvStepBudget:
         self._actor_clients, self._node_counters = actor_clients, node_counters
         self._endgame = False
         self._last: tuple[float, int] | None = None  # (time, env steps) of the last poll
+        self._given: dict[str, tuple[int, int]] = {}  # actor -> (its count, its limit) then
 
     def poll(self, env_steps: int) -> None:
         """At each poll of the driver, with the monitor's total env steps."""
@@ -78,6 +81,22 @@ class EnvStepBudget:
             if name not in active
         )
         remaining = max(self._total - elsewhere - sum(counts), 0)
-        share, extra = divmod(remaining, len(actors))
-        for i, ((_, client), count) in enumerate(zip(actors, counts)):
-            client.futures.limit_env_steps(count + share + (1 if i < extra else 0))
+        # While every actor stands still (the replay's rate limiter holds them all), the
+        # share is even; a slow actor's idle poll costs it one poll's share, no more.
+        takers = [
+            i for i, (name, _) in enumerate(actors) if not self._stood_still(name, counts[i])
+        ] or list(range(len(actors)))
+        share, extra = divmod(remaining, len(takers))
+        limits = list(counts)
+        for rank, i in enumerate(takers):
+            limits[i] += share + (1 if rank < extra else 0)
+        for (_, client), limit in zip(actors, limits):
+            client.futures.limit_env_steps(limit)
+        self._given = {
+            name: (count, limit) for (name, _), count, limit in zip(actors, counts, limits)
+        }
+
+    def _stood_still(self, name: str, count: int) -> bool:
+        """Whether actor `name` is below the limit it was given and has not moved since."""
+        given = self._given.get(name)
+        return given is not None and count == given[0] and count < given[1]

@@ -301,8 +301,18 @@ def _stop_in_order(running: Any, cfg: ExperimentConfig, final_evaluation: bool =
     actors = [running.client(node.name) for node in running.active_nodes("actor")]
     for node in actors:
         node.stop()
+    # An actor stops within one step of its envs. One that has not by a heartbeat timeout
+    # is hung (in its environment, say; with stall_timeout_s off nobody replaced it): the
+    # run ends without it, as it holds nothing the final checkpoint needs, and the
+    # launcher's stop ends its process.
+    actor_stop_timeout_s = cfg.heartbeat_timeout_s or cfg.startup_timeout_s
     for node in actors:
-        _wait_finished(running, node)
+        if not _wait_finished(running, node, actor_stop_timeout_s):
+            logging.warning(
+                "%s did not stop within %.0f s (hung?); the run ends without it",
+                node.node_name,
+                actor_stop_timeout_s,
+            )
     if cfg.eval_interval_s > 0:
         evaluator = running.client("evaluator")
         evaluator.stop(final_evaluation=final_evaluation)
@@ -378,10 +388,15 @@ def _final_params(
     return running.client("learner/0").get_params()  # the chief of a multi-host learner
 
 
-def _wait_finished(running: Any, node: program_lib.Client) -> None:
+def _wait_finished(running: Any, node: program_lib.Client, timeout_s: float | None = None) -> bool:
+    """Waits for `node`'s `run` to end, `timeout_s` at most; whether it did."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while not node.wait_finished(1.0):
         running.check()  # a node that died instead of stopping raises here
+        if deadline is not None and time.monotonic() >= deadline:
+            return False
     running.check()
+    return True
 
 
 def _set_launcher_options(cfg: ExperimentConfig, launcher_options: dict[str, Any]) -> None:

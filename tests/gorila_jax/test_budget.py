@@ -2,6 +2,9 @@
 `--total_env_steps`, not a driver poll after it (`gorila_jax/run/budget.py`)."""
 
 import concurrent.futures
+import dataclasses
+import logging
+import threading
 import time
 
 import pytest
@@ -62,3 +65,82 @@ def test_limits_add_up_to_the_budget_with_the_steps_of_removed_actors_counted():
     time.sleep(0.05)  # 200 env steps/s
     keeper.poll(20)
     assert far["actor/0"].limit is None
+
+
+def test_an_actor_that_stood_still_below_its_limit_gets_no_more_and_the_others_fill_it():
+    hung, moving = _Actor(400), _Actor(400)
+    actors = {"actor/0": hung, "actor/1": moving}
+    keeper = budget.EnvStepBudget(1_001, lambda: list(actors.items()), lambda: {})
+    keeper.poll(790)
+    keeper.poll(800)  # the endgame: 201 to go, shared 101 and 100
+    assert (hung.limit, moving.limit) == (501, 500)
+    for _ in range(3):  # actor/0 hangs; actor/1 reaches each limit it is given
+        moving.env_steps = moving.limit
+        keeper.poll(hung.env_steps + moving.env_steps)
+    # What actor/0 would never act went to actor/1: the limits add up to the budget.
+    assert hung.limit == 400 and hung.limit + moving.limit == 1_001
+    # Once actor/0 moves again, it shares in what is left.
+    hung.env_steps = 401
+    moving.env_steps = moving.limit - 10
+    keeper.poll(hung.env_steps + moving.env_steps)
+    assert hung.limit > 401 and hung.limit + moving.limit == 1_001
+
+
+_RELEASE = threading.Event()  # set by the test: a hung actor's thread cannot be killed
+
+
+@dataclasses.dataclass(frozen=True)
+class _HangingActorBuilder(dqn.DQNBuilder):
+    """DQN whose actor/0 hangs in its policy after 400 of its env steps, until released."""
+
+    def make_policy(self, spec, actor_index, num_actors, evaluation):
+        act = super().make_policy(spec, actor_index, num_actors, evaluation)
+        if evaluation or actor_index != 0:
+            return act
+
+        def policy(params, observation, key, env_steps):
+            if env_steps >= 400:
+                _RELEASE.wait()
+            return act(params, observation, key, env_steps)
+
+        return policy
+
+
+class _ReleaseWhenLeftBehind(logging.Handler):
+    def emit(self, record):
+        if "did not stop" in record.getMessage():
+            self.said = record.getMessage()
+            _RELEASE.set()
+
+
+def test_a_hung_actor_neither_holds_the_run_short_of_its_budget_nor_stops_its_end(tmp_path):
+    """With stall_timeout_s off nobody replaces a hung actor: the others act its share,
+    and the run's stop goes on without it after a heartbeat timeout."""
+    _RELEASE.clear()
+    # Without the bound the stop would wait for good: released late, the test fails.
+    watchdog = threading.Timer(240.0, _RELEASE.set)
+    watchdog.start()
+    handler = _ReleaseWhenLeftBehind()
+    logging.getLogger().addHandler(handler)
+    total = 3_000
+    cfg = _experiment(
+        tmp_path,
+        total_env_steps=total,
+        num_actors=2,
+        eval_interval_s=0.0,
+        stall_timeout_s=0.0,
+        heartbeat_interval_s=0.5,
+        heartbeat_timeout_s=3.0,
+    )
+    try:
+        summary = experiment.run_experiment(_HangingActorBuilder(CONFIG), cfg)
+    finally:
+        logging.getLogger().removeHandler(handler)
+        watchdog.cancel()
+        _RELEASE.set()
+    assert getattr(handler, "said", "") == (
+        "actor/0 did not stop within 3 s (hung?); the run ends without it"
+    )
+    assert summary["stop_reason"] == "total_env_steps reached"
+    assert total <= summary["env_steps"] < total + 2 * 4, summary["env_steps"]
+    assert summary["learner_steps"] > 0 and "problem" not in summary
