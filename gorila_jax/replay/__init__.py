@@ -33,6 +33,7 @@ from gorila_jax.replay.backends import (
     DEFAULT_BACKEND,
     REVERB_MODULES,
     BackendMissing,
+    check_table_sizes,
     connect,
     installed,
     node_class,
@@ -80,6 +81,7 @@ from gorila_jax.replay.writers import (
 
 __all__ = [
     "check_memory",
+    "check_table_sizes",
     "node_specs",
     "REVERB_MODULES",
     "installed",

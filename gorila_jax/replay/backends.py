@@ -7,7 +7,7 @@ import importlib.util
 import types
 from typing import Any
 
-from gorila_jax.replay import api, native_node
+from gorila_jax.replay import api, native_node, native_table
 
 # The modules of the Reverb backend: the only ones that import reverb or tensorflow.
 REVERB_MODULES = (
@@ -49,6 +49,23 @@ def _missing(detail: str) -> BackendMissing:
 
 # The DeepMind set's replay is Reverb's, as the design has it; the default set has only ours.
 DEFAULT_BACKEND = api.REVERB if installed(api.REVERB) else api.NATIVE
+
+
+# The most items one table of each backend holds: Reverb's Python binding takes a table's
+# max_size as a C++ int (a larger one fails with a pybind TypeError).
+MAX_TABLE_SIZE = {api.NATIVE: native_table.MAX_ITEMS, api.REVERB: 2**31 - 1}
+
+
+def check_table_sizes(backend: str, specs: list[api.TableSpec]) -> None:
+    """Raises ValueError for a table (of one shard) larger than `backend` can hold."""
+    limit = MAX_TABLE_SIZE[backend]
+    for spec in specs:
+        if spec.max_size > limit:
+            raise ValueError(
+                f"replay table {spec.name!r} would hold {spec.max_size:,} items per shard, and "
+                f"a table of --replay={backend} holds {limit:,} at most: lower "
+                "--config.max_replay_size or split the replay over more --num_replay_shards"
+            )
 
 
 def require(backend: str) -> None:

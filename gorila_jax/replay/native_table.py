@@ -22,6 +22,7 @@ from gorila_jax.replay import api, cold, sum_tree
 # gives its items new keys, so a learner's update for an item the restart lost
 # cannot land on another item that took its position.
 _POSITION_BITS = 40
+MAX_ITEMS = 1 << _POSITION_BITS  # a table's positions fit in its keys
 _FIRST_ROWS = 1024  # what a growing table allocates first
 
 

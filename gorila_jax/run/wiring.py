@@ -41,23 +41,25 @@ def check_program(
     if cfg.learner_mode == "gorila":
         mode.check_agent(builder, spec)
     cfg.replay_tiering(builder)  # raises for a table that cannot be tiered
-    check_replay_memory(builder, cfg, spec)
+    check_replay_tables(builder, cfg, spec)
 
 
-def check_replay_memory(
+def check_replay_tables(
     builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
 ) -> None:
-    """Refuses native replay tables larger than this host's available memory, where
-    every shard runs on this host (not a Ray cluster of others: there each node checks
-    its own host as it starts).
+    """Refuses replay tables that their backend cannot hold, and native ones larger than
+    this host's available memory where every shard runs on this host (not a Ray cluster
+    of others: there each node checks its own host as it starts).
 
     Raises:
-      ValueError: the GiB needed and available, and what to lower.
+      ValueError: the size and the backend's limit, or the GiB needed and available;
+        and what to lower.
     """
-    if cfg.replay_backend != replay.NATIVE or cfg.ray_address:
-        return
     make_tables, tiers = _replay_shard_tables(builder, cfg, spec)
     specs = [table for tiering in tiers for table in replay.node_specs(make_tables, tiering)]
+    replay.check_table_sizes(cfg.replay_backend, specs)
+    if cfg.replay_backend != replay.NATIVE or cfg.ray_address:
+        return
     if cfg.learner_mode == "federated":  # a replay of its own for each client
         specs *= cfg.num_clients
     try:

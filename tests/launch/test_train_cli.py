@@ -13,7 +13,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from gorila_jax import multiagent
+from gorila_jax import multiagent, replay
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from launch import presets, train
@@ -212,6 +212,24 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
                 "num_actors": 2,
             },
             r"need 4470.3 GiB \(priority_table: 50,000,000,000 items .* priority_table: 50,",
+        ),
+        # Over what a backend's table can hold, wherever its nodes run.
+        (
+            {
+                "config": {"max_replay_size": 2**41},
+                "replay_backend": "native",
+                "launcher": "ray",
+                "ray_address": "127.0.0.1:1",
+            },
+            r"'priority_table' would hold 2,199,023,255,552 items per shard, and a table of "
+            r"--replay=native holds 1,099,511,627,776 at most",
+        ),
+        pytest.param(
+            {"config": {"max_replay_size": 10**11}, "replay_backend": "reverb"},
+            r"would hold 100,000,000,000 items .* --replay=reverb holds 2,147,483,647 at most",
+            marks=pytest.mark.skipif(
+                not replay.installed(replay.REVERB), reason="Reverb is the DeepMind set's"
+            ),
         ),
     ],
 )
