@@ -127,7 +127,7 @@ def read_run(logdir: str, role: str | None = None) -> Run:
         ]
         return Run(logdir, rows, evaluations, None)
     batch_size = summary.get("agent_config", {}).get("batch_size")
-    return Run(logdir, rows, _evaluations(rows, summary), batch_size)
+    return Run(logdir, rows, evaluations_on_clock(rows, summary), batch_size)
 
 
 def _read_summary(logdir: str) -> dict[str, Any] | None:
@@ -144,11 +144,16 @@ def _read_summary(logdir: str) -> dict[str, Any] | None:
     return summary
 
 
-def _evaluations(rows: list[dict[str, Any]], summary: dict[str, Any]) -> list[dict[str, float]]:
-    """The summary's greedy evaluations, each placed on the run's wall clock.
+def evaluations_on_clock(
+    rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> list[dict[str, float]]:
+    """The summary's greedy evaluations, the driver's final one last, each placed on the
+    run's wall clock.
 
     An evaluation records the env-step count it was taken at, not the run's clock: its
-    wall time is where metrics.csv (and the summary's end) reached that many env steps.
+    wall time is where metrics.csv (and the summary's end) first reached that many env
+    steps. So a finished run resumed again (a sweep re-run after its summary.json was
+    lost) keeps its evaluations' times: its rows and first arrival at the end stay.
     """
     points = [(row["env_steps"], row["wall_time_s"]) for row in rows]
     end = (summary.get("env_steps"), summary.get("wall_time_s"))

@@ -11,7 +11,6 @@ never its best evaluation: the best of noisy evaluations is biased upwards.
 """
 
 import contextlib
-import csv
 import math
 import os
 import warnings
@@ -19,7 +18,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
-from rliable import library, metrics
+from rliable import library
+from rliable import metrics as rliable_metrics
+
+from gorila_jax import curves, metrics
 
 CONFIDENCE = 0.95
 DEFAULT_BOOTSTRAP_REPS = 2000
@@ -33,8 +35,8 @@ def _median(scores: np.ndarray) -> float:
 
 
 AGGREGATES = {
-    "iqm": metrics.aggregate_iqm,
-    "mean": metrics.aggregate_mean,
+    "iqm": rliable_metrics.aggregate_iqm,
+    "mean": rliable_metrics.aggregate_mean,
     "median": _median,
 }
 
@@ -105,37 +107,29 @@ def interval_estimates(
     return out
 
 
-def first_crossing(
-    logdir: str, summary: dict[str, Any], threshold: float, column: str = "eval_return"
-) -> dict[str, Any]:
+def first_crossing(logdir: str, summary: dict[str, Any], threshold: float) -> dict[str, Any]:
     """When a run's greedy return first reached `threshold`.
 
-    Env steps come from the first evaluation in summary["evaluations"] at or
-    above it (the count the evaluated parameters were trained on); wall
-    seconds from the first metrics.csv row whose eval_return is, since
-    metrics.csv keeps the run's clock across resumes and the evaluations
-    carry only unix times. An evaluation after the last row (the evaluator's
-    last one, during the stop) is dated by the run's total wall time. `column`:
-    the metrics.csv column of the greedy return (`<role>/eval_return` for a role).
+    The first of its greedy evaluations (the evaluator's, then the driver's final one) at
+    or above it, at the env-step count its parameters were trained on and the wall time
+    the run first reached that count (`curves.evaluations_on_clock`, as the curves place
+    it). `summary`: the run's, or a role's (`curves.role_summary`).
 
     Returns:
       {"reached": bool, "env_steps": int | None, "wall_time_s": float | None}.
     """
+    rows, _ = metrics.read_csv(os.path.join(logdir, "metrics.csv"), math.inf)
     crossing = next(
-        (e for e in summary.get("evaluations", []) if e["eval_return"] >= threshold), None
+        (e for e in curves.evaluations_on_clock(rows, summary) if e["eval_return"] >= threshold),
+        None,
     )
     if crossing is None:
         return {"reached": False, "env_steps": None, "wall_time_s": None}
-    wall_time = summary.get("wall_time_s")
-    path = os.path.join(logdir, "metrics.csv")
-    if os.path.exists(path):
-        with open(path) as f:
-            for row in csv.DictReader(f):
-                value = float(row.get(column) or "nan")
-                if not math.isnan(value) and value >= threshold:
-                    wall_time = float(row["wall_time_s"])
-                    break
-    return {"reached": True, "env_steps": int(crossing["env_steps"]), "wall_time_s": wall_time}
+    return {
+        "reached": True,
+        "env_steps": int(crossing["env_steps"]),
+        "wall_time_s": crossing["wall_time_s"],
+    }
 
 
 def group_statistics(

@@ -55,8 +55,7 @@ def read_result(
     run.wall_time_s = summary.get("wall_time_s")
     run.env_steps = summary.get("env_steps")
     if threshold is not None:
-        column = "eval_return" if role is None else f"{role}/eval_return"
-        run.threshold = stats.first_crossing(run.logdir, summary, threshold, column)
+        run.threshold = stats.first_crossing(run.logdir, summary, threshold)
 
 
 def _tail(path: str) -> list[str]:

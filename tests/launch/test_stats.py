@@ -72,33 +72,38 @@ def _metrics(logdir, rows):
 
 
 def test_time_to_threshold_is_the_first_crossing_not_the_best_or_the_last(tmp_path):
-    _metrics(
-        tmp_path,
-        [
-            {"wall_time_s": 1.0, "env_steps": 100, "eval_return": "nan"},
-            {"wall_time_s": 2.0, "env_steps": 200, "eval_return": 80.0},
-            {"wall_time_s": 3.0, "env_steps": 300, "eval_return": 120.0},
-            {"wall_time_s": 4.0, "env_steps": 400, "eval_return": 200.0},
-        ],
-    )
+    rows = [
+        {"wall_time_s": 1.0, "env_steps": 100, "eval_return": "nan"},
+        {"wall_time_s": 2.0, "env_steps": 200, "eval_return": 80.0},
+        {"wall_time_s": 3.0, "env_steps": 300, "eval_return": 120.0},
+        {"wall_time_s": 4.0, "env_steps": 400, "eval_return": 200.0},
+    ]
+    _metrics(tmp_path, rows)
     summary = {
+        "env_steps": 500,
         "wall_time_s": 5.0,
         "evaluations": [
             {"env_steps": 180, "eval_return": 80.0},
             {"env_steps": 290, "eval_return": 120.0},
             {"env_steps": 390, "eval_return": 200.0},
+            # The evaluator's last one, during the stop: no metrics row has it.
+            {"env_steps": 500, "eval_return": 300.0},
         ],
+        "final_eval_return": 350.0,
     }
+    # The parameters evaluated had 290 env steps behind them: the run's clock at 290.
     crossing = stats.first_crossing(str(tmp_path), summary, 100.0)
-    assert crossing == {"reached": True, "env_steps": 290, "wall_time_s": 3.0}
+    assert crossing == {"reached": True, "env_steps": 290, "wall_time_s": 2.9}
+    assert stats.first_crossing(str(tmp_path), summary, 250.0)["wall_time_s"] == 5.0
+    # The driver's final evaluation counts: a run that ends above it reached it.
+    assert stats.first_crossing(str(tmp_path), summary, 320.0)["env_steps"] == 500
     never = stats.first_crossing(str(tmp_path), summary, 500.0)
     assert never == {"reached": False, "env_steps": None, "wall_time_s": None}
-    # The evaluator's last evaluation, during the stop, has no metrics row of its own.
-    late = {
-        **summary,
-        "evaluations": [*summary["evaluations"], {"env_steps": 450, "eval_return": 300.0}],
-    }
-    assert stats.first_crossing(str(tmp_path), late, 250.0)["wall_time_s"] == 5.0
+    # Resumed once more (a sweep re-run after its summary.json was lost): its clock goes
+    # on and rows at the end come again, but it reached the end when it did before.
+    _metrics(tmp_path, [*rows, {"wall_time_s": 5.0, "env_steps": 500, "eval_return": 300.0}])
+    again = {**summary, "wall_time_s": 31.0}
+    assert stats.first_crossing(str(tmp_path), again, 250.0)["wall_time_s"] == 5.0
 
 
 def test_group_statistics_count_final_returns_and_time_only_runs_that_reached():

@@ -29,6 +29,11 @@ TINY_RUN = [
     "--num_learner_devices=1",
     "--checkpoint_interval_steps=0",
 ]
+# With its final checkpoint: a run whose summary.json was lost resumes from it.
+CHECKPOINTED_RUN = [
+    *(flag for flag in TINY_RUN if not flag.startswith("--checkpoint_interval_steps")),
+    "--checkpoint_interval_steps=100",
+]
 GRID = ["--grid=config.learning_rate=1e-3,5e-4"]
 REPS = 500
 
@@ -49,7 +54,7 @@ def finished_sweep(tmp_path_factory):
     """A 2-seed x 2-value sweep, run once and then run again with the same command."""
     sweep_dir = str(tmp_path_factory.mktemp("sweep"))
     flags = ["--seeds=2", *GRID, "--threshold=15", f"--bootstrap_reps={REPS}"]
-    first = _sweep(sweep_dir, *flags)
+    first = _sweep(sweep_dir, *flags, train_flags=CHECKPOINTED_RUN)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     summaries = {
         path: os.stat(path).st_mtime_ns
@@ -59,13 +64,13 @@ def finished_sweep(tmp_path_factory):
             if "summary.json" in files
         )
     }
-    second = _sweep(sweep_dir, *flags)
-    return sweep_dir, first, second, summaries
+    second = _sweep(sweep_dir, *flags, train_flags=CHECKPOINTED_RUN)
+    return sweep_dir, flags, first, second, summaries
 
 
 @pytest.mark.filterwarnings("ignore:random_state is deprecated:FutureWarning")
 def test_sweep_statistics_equal_rliable_on_the_runs_final_returns(finished_sweep):
-    sweep_dir, first, _, _ = finished_sweep
+    sweep_dir, _, first, _, _ = finished_sweep
     with open(os.path.join(sweep_dir, "sweep.json")) as f:
         record = json.load(f)
     assert sorted(record["groups"]) == ["learning_rate=1e-3", "learning_rate=5e-4"]
@@ -108,7 +113,7 @@ def test_sweep_statistics_equal_rliable_on_the_runs_final_returns(finished_sweep
 
 
 def test_rerunning_the_same_command_skips_every_finished_run(finished_sweep):
-    sweep_dir, _, second, summaries = finished_sweep
+    sweep_dir, _, _, second, summaries = finished_sweep
     assert second.returncode == 0, second.stderr[-3000:]
     assert len(summaries) == 4
     for path, mtime in summaries.items():
@@ -118,6 +123,26 @@ def test_rerunning_the_same_command_skips_every_finished_run(finished_sweep):
     with open(os.path.join(sweep_dir, "sweep.json")) as f:
         record = json.load(f)
     assert {run["status"] for run in record["runs"]} == {"skipped"}
+
+
+def test_a_run_whose_summary_was_lost_is_resumed_and_the_statistics_stay(finished_sweep):
+    sweep_dir, flags, _, _, _ = finished_sweep
+    with open(os.path.join(sweep_dir, "sweep.json")) as f:
+        before = json.load(f)
+    lost = before["runs"][0]
+    os.remove(os.path.join(lost["logdir"], "summary.json"))
+    again = _sweep(sweep_dir, *flags, train_flags=CHECKPOINTED_RUN)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.stdout.count("skipped: finished before") == 3
+    with open(os.path.join(sweep_dir, "sweep.json")) as f:
+        after = json.load(f)
+    # Resumed from its final checkpoint at the budget, it trained no further: its result,
+    # its crossing of the threshold and every group's statistics are as they were.
+    resumed = after["runs"][0]
+    assert resumed["status"] == "finished"
+    for key in ("final_return", "threshold", "env_steps"):
+        assert resumed[key] == lost[key], key
+    assert after["groups"] == before["groups"]
 
 
 @pytest.mark.parametrize(
