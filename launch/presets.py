@@ -320,6 +320,22 @@ def is_file(name: str) -> bool:
     return name.endswith((".json", ".yaml", ".yml"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A preset as its layers: the named preset's config and settings, and what a preset
+    file sets on top of them (empty for a named preset)."""
+
+    config: Any
+    settings: dict[str, Any]
+    file_agent: dict[str, Any] = dataclasses.field(default_factory=dict)
+    file_experiment: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def combined(self) -> tuple[Any, dict[str, Any]]:
+        """The agent config and experiment settings, the file's values over the preset's."""
+        config = dataclasses.replace(self.config, **self.file_agent)
+        return config, {**self.settings, **self.file_experiment}
+
+
 def load(
     name: str,
     agent: str,
@@ -339,6 +355,19 @@ def load(
         preset, unreadable file, or a field the agent config or the experiment
         does not have (named, so a typo is not silently ignored).
     """
+    return load_layers(name, agent, env_id, experiment_fields, learner_mode, spec).combined()
+
+
+def load_layers(
+    name: str,
+    agent: str,
+    env_id: str,
+    experiment_fields: set[str],
+    learner_mode: str = "sync",
+    spec: types.EnvSpec | None = None,
+) -> Loaded:
+    """`load`, its layers apart: a run fits the named preset's schedules to its own budget
+    and keeps what the file sets (launch/schedules.py)."""
     entry = AGENTS[agent]
     spec = spec or envs.env_spec(env_id)
     check_agent_can_act(agent, spec)  # for named presets and files too
@@ -346,7 +375,7 @@ def load(
     if learner_mode == "gorila" and entry.gorila_preset is not None:
         preset = entry.gorila_preset
     if not is_file(name):
-        return preset(auto_preset(agent, spec) if name == "auto" else name)
+        return Loaded(*preset(auto_preset(agent, spec) if name == "auto" else name))
     if not os.path.exists(name):
         raise ValueError(f"preset file {name!r} does not exist")
     with open(name) as f:
@@ -376,7 +405,7 @@ def load(
     unknown = set(experiment_values) - experiment_fields
     if unknown:
         raise ValueError(f"preset file {name!r}: unknown experiment settings {sorted(unknown)}")
-    return dataclasses.replace(config, **agent_values), {**settings, **experiment_values}
+    return Loaded(config, settings, agent_values, experiment_values)
 
 
 def _registered(path: str, role: str) -> type:

@@ -35,7 +35,7 @@ from gorila_jax import config_checks, console, envs, multiagent, types
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from gorila_jax.run import logdir as logdir_lib
-from launch import families, presets
+from launch import families, presets, schedules
 
 _AGENT = flags.DEFINE_enum("agent", "dqn", list(presets.AGENTS), "Which agent to train.")
 _PRESET = flags.DEFINE_string(
@@ -175,13 +175,23 @@ def make_configs() -> tuple[object, experiment.ExperimentConfig]:
     On a task of several roles the agent config is a dict role -> config, and the
     experiment settings that presets give come from the first role's preset.
     """
+    config, exp_config, _ = _configs_and_schedules()
+    return config, exp_config
+
+
+def _configs_and_schedules() -> tuple[object, experiment.ExperimentConfig, list[str]]:
+    """`make_configs`, and a line per agent config of what its schedules run over.
+
+    The named preset's schedules are fitted to the run's own budget
+    (launch/schedules.py); what the user set, by flag or in a preset file, is kept.
+    """
     env_id = _EXPERIMENT_FLAGS["env_id"].value
     agents = role_agents(env_id, _ROLE_AGENTS.value, _AGENT.value)
     specs = multiagent.role_specs(env_id) if agents else {None: None}
-    loaded = {}
+    loaded: dict[str | None, presets.Loaded] = {}
     for role, spec in sorted(specs.items(), key=lambda item: str(item[0])):
         try:
-            loaded[role] = presets.load(
+            loaded[role] = presets.load_layers(
                 _PRESET.value,
                 agents.get(role, _AGENT.value),
                 env_id,
@@ -191,7 +201,7 @@ def make_configs() -> tuple[object, experiment.ExperimentConfig]:
             )
         except ValueError as error:
             raise ValueError(str(error) if role is None else f"role {role}: {error}") from None
-    preset_settings = next(iter(loaded.values()))[1]
+    preset_settings = next(iter(loaded.values())).combined()[1]
     overrides = config_flags.get_override_values(flags.FLAGS["config"])
     if _PRECISION.value is not None:
         overrides["precision"] = _PRECISION.value
@@ -201,17 +211,25 @@ def make_configs() -> tuple[object, experiment.ExperimentConfig]:
         else preset_settings[field]
         for field, holder in _EXPERIMENT_FLAGS.items()
     }
-    configs = {}
-    for role, (config, _) in loaded.items():
+    budget = schedules.Budget(settings["total_env_steps"], settings["num_actors"])
+    configs, lines = {}, []
+    for role, layers in loaded.items():
+        config, _ = layers.combined()
         own = dict(overrides) if agents.get(role, _AGENT.value) == _AGENT.value else {}
+        kept = set(own) | set(layers.file_agent)
         # An agent whose config sizes things by the actor count (PPO: per-actor
         # KL, the scaled batch) follows --num_actors unless told otherwise.
         config_fields = {field.name for field in dataclasses.fields(config)}
         if "num_actors" in config_fields and "num_actors" not in own:
             own["num_actors"] = settings["num_actors"]
-        configs[role] = dataclasses.replace(config, **own)
+        config = dataclasses.replace(config, **own)
+        preset_budget = schedules.preset_budget(layers.settings)
+        configs[role] = schedules.fit(config, layers.config, preset_budget, budget, kept)
+        line = schedules.describe(configs[role], budget, kept)
+        if line is not None:
+            lines.append(line if role is None else f"{role}: {line}")
     config = configs if agents else configs[None]
-    return config, experiment.ExperimentConfig(**settings)
+    return config, experiment.ExperimentConfig(**settings), lines
 
 
 def make_builders(config: Any) -> Any:
@@ -343,11 +361,13 @@ def main(argv: list[str]) -> None:
         print("\n".join(lines), flush=True)
         return
     try:
-        config, exp_config = make_configs()
+        config, exp_config, schedule_lines = _configs_and_schedules()
         builder = make_builders(config)
         check_configs(builder, exp_config)
     except ValueError as error:
         _refuse(error)
+    for line in schedule_lines:  # the run's first lines: what a budget's change changed
+        print(line, flush=True)
     try:
         # Held before the log file opens there: a second run writes nothing into it.
         with logdir_lib.hold(exp_config.logdir):

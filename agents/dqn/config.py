@@ -139,6 +139,22 @@ class DQNConfig:
     epsilon_end_spread: float = 0.0
     eval_epsilon: float = 0.001
 
+    def budget_schedules(self) -> dict[str, str]:
+        """Schedules whose length follows the run's budget (launch/schedules.py), by unit:
+        "updates" (learner steps) or "actor_env_steps" (env steps of one actor)."""
+        schedules = {
+            "learning_rate_decay_steps": "updates",
+            "importance_exponent_anneal_steps": "updates",
+            "epsilon_decay_steps": "actor_env_steps",
+        }
+        if self.batch_size_max:  # batch growth is on
+            schedules["batch_growth_steps"] = "updates"
+        return schedules
+
+    def updates_per_env_step(self) -> float:
+        """Learner steps per env step at the replay ratio the rate limiter holds."""
+        return self.samples_per_insert / self.batch_size
+
     @property
     def replay_tiers(self) -> tuple[int, int] | None:
         """(hot, cold) items of a tiered replay; None: all in memory."""

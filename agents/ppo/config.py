@@ -105,6 +105,14 @@ class PPOConfig:
         """Chunks per learner step, over all learner devices."""
         return self.batch_size * (self.num_actors if self.scale_batch_with_actors else 1)
 
+    def budget_schedules(self) -> dict[str, str]:
+        """Schedules whose length follows the run's budget (launch/schedules.py), by unit."""
+        return {"learning_rate_decay_updates": "updates"}
+
+    def updates_per_env_step(self) -> float:
+        """Learner steps per env step: one per global batch of chunks."""
+        return 1.0 / (self.global_batch_size * self.trajectory_length)
+
     def validate(self, num_devices: int) -> None:
         """Raises ValueError naming the first field whose value cannot work."""
         config_checks.check_fields(
