@@ -4,6 +4,7 @@ import csv
 import logging
 import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 import tensorboardX
@@ -24,10 +25,17 @@ class MetricsLogger:
         was taken at this many env steps: rows past it (written between that
         checkpoint and a crash) are dropped from the CSV and hidden in
         TensorBoard; the rows before it stay. None starts a new curve.
+      also: given each row too, after the CSV and TensorBoard (W&B's tracker).
     """
 
-    def __init__(self, logdir: str, resume_env_steps: int | None = None):
+    def __init__(
+        self,
+        logdir: str,
+        resume_env_steps: int | None = None,
+        also: Callable[[dict[str, Any]], None] | None = None,
+    ):
         os.makedirs(logdir, exist_ok=True)
+        self._also = also
         self._csv_path = os.path.join(logdir, "metrics.csv")
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
@@ -58,6 +66,8 @@ class MetricsLogger:
             if isinstance(value, (int, float)) and not math.isnan(value):
                 self._tensorboard.add_scalar(key, value, global_step=row.get("env_steps", 0))
         self._tensorboard.flush()
+        if self._also is not None:
+            self._also(row)
 
     def _rewrite_csv(self) -> None:
         with open(self._csv_path, "w", newline="") as f:

@@ -31,7 +31,7 @@ import envpool.registration
 from absl import app, flags
 from ml_collections import config_flags
 
-from gorila_jax import config_checks, console, envs, multiagent, types
+from gorila_jax import config_checks, console, envs, multiagent, tracking, types
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from gorila_jax.run import logdir as logdir_lib
@@ -382,7 +382,7 @@ def main(argv: list[str]) -> None:
         # codes: 128 + the signal's number.
         by = signal.SIGTERM if isinstance(stop, experiment.Terminated) else signal.SIGINT
         sys.exit(128 + by)
-    except (checkpoint.CheckpointError, logdir_lib.LogdirInUse) as error:
+    except (checkpoint.CheckpointError, logdir_lib.LogdirInUse, tracking.TrackingError) as error:
         _refuse(error)
     if "roles" in summary:
         returns = ", ".join(

@@ -47,6 +47,7 @@ LAYERS = (
         "config_checks",
         "console",
         "text",
+        "tracking",
     ),
     ("replay",),
     ("builder",),

@@ -19,7 +19,7 @@ import time
 from typing import Any, Iterator
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import console, envs, metrics, multiagent, text, types
+from gorila_jax import console, envs, metrics, multiagent, text, tracking, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import launchers
 from gorila_jax.distributed import program as program_lib
@@ -525,6 +525,34 @@ def _run_in_held_logdir(
     previous: logdir_lib.PreviousRun | None,
     launcher_options: dict[str, Any],
 ) -> dict[str, Any]:
+    """The run, tracked with W&B where it asks (`--wandb_project`).
+
+    Raises:
+      tracking.TrackingError: W&B could not start, before any node has.
+    """
+    tracker = None
+    if cfg.wandb_project:
+        configs = (
+            {role: b.config for role, b in builder.items()}
+            if isinstance(builder, dict)
+            else builder.config
+        )
+        tracker = tracking.WandbTracker(cfg, configs)
+    try:
+        return _run_tracked(builder, cfg, previous, launcher_options, tracker)
+    except BaseException:
+        if tracker is not None and not tracker.finished:
+            tracker.finish(None, None)  # a run that failed before its summary
+        raise
+
+
+def _run_tracked(
+    builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder],
+    cfg: ExperimentConfig,
+    previous: logdir_lib.PreviousRun | None,
+    launcher_options: dict[str, Any],
+    tracker: tracking.WandbTracker | None,
+) -> dict[str, Any]:
     roles = multiagent.roles_of(cfg.env_id)
     resume = role_resume = None
     if roles:
@@ -540,7 +568,7 @@ def _run_in_held_logdir(
         resume_meta = resume.meta if resume else {}
     _set_launcher_options(cfg, launcher_options)
     resume_env_steps = checkpoint.total(resume_meta, "env_steps") if cfg.resume else None
-    logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps)
+    logger = metrics.MetricsLogger(cfg.logdir, resume_env_steps, also=tracker and tracker.log)
     # Closed on every way out: left to tensorboardX's atexit hook, a failed run's writer
     # starts a thread at interpreter shutdown, which Python 3.12 refuses with a traceback
     # that buries the run's own error at the end of its console.log.
@@ -614,6 +642,8 @@ def _run_in_held_logdir(
     with open(os.path.join(cfg.logdir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     _write_curves(cfg.logdir)
+    if tracker is not None:
+        tracker.finish(summary, os.path.join(cfg.logdir, "curves.png"))
     if reason == "interrupted":
         print("interrupted: final evaluation skipped; --resume continues the run", flush=True)
         raise Terminated() if signals.terminated else KeyboardInterrupt()

@@ -65,6 +65,21 @@ class ExperimentConfig:
     eval_interval_s: float = setting(
         5.0, "run", "Seconds between evaluations; 0 disables them.", check=NON_NEGATIVE
     )
+    wandb_project: str = setting(
+        "",
+        "tracking",
+        "Weights & Biases project the run logs to (its metrics rows, config, summary and "
+        "curves.png; gorila_jax/tracking.py); empty: off.",
+    )
+    wandb_entity: str = setting("", "tracking", "W&B entity (user or team); empty: yours.")
+    wandb_group: str = setting("", "tracking", "W&B group of the run (a sweep's, say).")
+    wandb_tags: str = setting("", "tracking", "W&B tags of the run, comma-separated.")
+    wandb_mode: str = setting(
+        "online",
+        "tracking",
+        "online, or offline: W&B keeps the run under <logdir>/wandb for `wandb sync`.",
+        choices=("online", "offline"),
+    )
     stop_at_eval_return: float | None = setting(
         None, "run", "End the run early once an evaluation reaches this mean return."
     )
@@ -436,6 +451,19 @@ class ExperimentConfig:
         )
         self._check_resume()
         self._check_federated()
+        self._check_tracking()
+
+    def _check_tracking(self) -> None:
+        """W&B settings without a project would be ignored: refused instead."""
+        if self.wandb_project:
+            return
+        asked = [
+            name for name in ("wandb_entity", "wandb_group", "wandb_tags") if getattr(self, name)
+        ]
+        if self.wandb_mode != "online":
+            asked.append("wandb_mode")
+        if asked:
+            raise ValueError(f"{', '.join(asked)} need wandb_project (W&B logging is off)")
 
     def _check_launcher(self) -> None:
         """What only the ray launcher does, asked of launchpad: refused before anything starts."""
