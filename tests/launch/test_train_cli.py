@@ -271,7 +271,7 @@ def test_a_settings_check_and_choices_become_its_flags_bounds(flag, value, messa
 def test_the_settings_groups_are_the_subsystems():
     groups = {field.metadata["group"] for field in SETTINGS}
     subsystems = {"actors", "replay", "learner", "gorila", "federated", "faults", "checkpoints"}
-    assert subsystems | {"multi-host", "elastic", "balance", "run"} == groups
+    assert subsystems | {"multi-host", "elastic", "balance", "run", "tracking"} == groups
 
 
 @pytest.mark.parametrize(
