@@ -3,6 +3,7 @@
 import concurrent.futures
 import itertools
 import logging
+import threading
 import time
 from typing import Any, Iterator
 
@@ -109,16 +110,25 @@ class LimitedActing(program.Worker):
     def __init__(self):
         super().__init__()
         self._env_step_limit: int | None = None
+        self._limit_issued = -1
+        self._limit_lock = threading.Lock()
 
     def env_steps_now(self) -> int:
         """This node's env steps this moment (its reports to the monitor lag by up to one
         report interval)."""
         raise NotImplementedError
 
-    def limit_env_steps(self, limit: int) -> None:
+    def limit_env_steps(self, limit: int, issued: int = 0) -> None:
         """Acts until its env steps reach `limit`, then waits, acting again if a later
-        limit is higher. It may pass `limit` by less than one step of its envs."""
-        self._env_step_limit = int(limit)
+        limit is higher. It may pass `limit` by less than one step of its envs.
+
+        `issued` numbers the driver's limits: one that arrives after a later one (calls
+        to a Ray actor run on several threads) is dropped.
+        """
+        with self._limit_lock:
+            if issued >= self._limit_issued:
+                self._limit_issued = issued
+                self._env_step_limit = int(limit)
 
     def at_env_step_limit(self) -> bool:
         """Whether the node is at its limit (then after a short wait: call it again)."""

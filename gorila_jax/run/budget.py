@@ -12,9 +12,9 @@ its budget.
 
 Limits are set anew at each poll of the endgame from the actors' counts of the
 moment, so the steps of an actor that was removed, or killed and restarted from its
-last report, go to the others; so do those of an actor that stood still below its
-limit since the previous poll (hung in its environment, say), which would otherwise
-hold the run short of its budget for good.
+last report, go to the others; so do those of an actor that has stood still below its
+limit for `STILL_S` (hung in its environment, say), which would otherwise hold the run
+short of its budget for good.
 """
 
 import logging
@@ -24,6 +24,10 @@ from typing import Any, Callable
 # How near the end (in seconds of acting at the recent rate) limits start: every
 # poll from then on costs two calls per actor.
 ENDGAME_S = 5.0
+# How long an actor below its limit may stand still before its share goes to the others:
+# longer than the replay's rate limiter or a PPO queue holds a healthy actor, for each
+# share taken away costs up to one step of its envs past the budget (the step it is in).
+STILL_S = 5.0
 _CALL_TIMEOUT_S = 5.0
 
 
@@ -34,6 +38,7 @@ class EnvStepBudget:
       total_env_steps: the run's budget.
       actor_clients: the active actors' (name, client) pairs at the moment.
       node_counters: the monitor's latest counters of every node, removed ones too.
+      still_s: `STILL_S` (tests shorten it).
     """
 
     def __init__(
@@ -41,12 +46,16 @@ class EnvStepBudget:
         total_env_steps: int,
         actor_clients: Callable[[], list[tuple[str, Any]]],
         node_counters: Callable[[], dict[str, dict[str, float]]],
+        still_s: float = STILL_S,
     ):
         self._total = total_env_steps
         self._actor_clients, self._node_counters = actor_clients, node_counters
+        self._still_s = still_s
         self._endgame = False
         self._last: tuple[float, int] | None = None  # (time, env steps) of the last poll
         self._given: dict[str, tuple[int, int]] = {}  # actor -> (its count, its limit) then
+        self._moved_at: dict[str, tuple[int, float]] = {}  # actor -> (count, when it was new)
+        self._issued = 0  # the share-outs so far: each limit carries its number
 
     def poll(self, env_steps: int) -> None:
         """At each poll of the driver, with the monitor's total env steps."""
@@ -81,22 +90,30 @@ class EnvStepBudget:
             if name not in active
         )
         remaining = max(self._total - elsewhere - sum(counts), 0)
+        now = time.monotonic()
+        for (name, _), count in zip(actors, counts):
+            if self._moved_at.get(name, (None,))[0] != count:
+                self._moved_at[name] = (count, now)
         # While every actor stands still (the replay's rate limiter holds them all), the
-        # share is even; a slow actor's idle poll costs it one poll's share, no more.
+        # share is even.
         takers = [
-            i for i, (name, _) in enumerate(actors) if not self._stood_still(name, counts[i])
+            i for i, (name, _) in enumerate(actors) if not self._stood_still(name, counts[i], now)
         ] or list(range(len(actors)))
         share, extra = divmod(remaining, len(takers))
         limits = list(counts)
         for rank, i in enumerate(takers):
             limits[i] += share + (1 if rank < extra else 0)
+        self._issued += 1
         for (_, client), limit in zip(actors, limits):
-            client.futures.limit_env_steps(limit)
+            client.futures.limit_env_steps(limit, self._issued)
         self._given = {
             name: (count, limit) for (name, _), count, limit in zip(actors, counts, limits)
         }
 
-    def _stood_still(self, name: str, count: int) -> bool:
-        """Whether actor `name` is below the limit it was given and has not moved since."""
+    def _stood_still(self, name: str, count: int, now: float) -> bool:
+        """Whether actor `name` is below the limit it was given and has not moved for
+        `still_s`."""
         given = self._given.get(name)
-        return given is not None and count == given[0] and count < given[1]
+        if given is None or count >= given[1]:
+            return False
+        return now - self._moved_at[name][1] >= self._still_s

@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import console, envs, metrics, multiagent, text, tracking, types
@@ -102,19 +102,32 @@ class Terminated(KeyboardInterrupt):
 
 
 class _Signals:
-    """Ctrl-C and SIGTERM while the run is on: both stop it like KeyboardInterrupt (SIGTERM as
-    `Terminated`). Once it stops (`stopping`), one more of either (a key pressed twice) is
-    said and ignored, so the final checkpoint and the summary are still written; the next
-    one aborts them."""
+    """Ctrl-C and SIGTERM while the run is on: the first asks the driver to stop the run
+    (`requested`, seen at its next poll). One more of either, or the first once the run
+    stops by itself (`stopping`), is said and ignored (a key pressed twice), so the final
+    checkpoint and the summary are still written; the next one aborts them, as
+    KeyboardInterrupt (SIGTERM as `Terminated`).
+
+    The first does not raise: an exception at whatever point the main thread was (inside
+    a client call, holding a lock of a thread pool) could leave that state half done; a
+    run stopped so once wrote its summary and then never exited.
+    """
 
     def __init__(self):
         self.received: list[int] = []
         self.stopping = False
         self._ignored = False
 
+    @property
+    def requested(self) -> bool:
+        """Whether a signal asked the run to stop."""
+        return bool(self.received)
+
     def __call__(self, signum: int, frame: Any) -> None:
         self.received.append(signum)
-        if self.stopping and not self._ignored:
+        if len(self.received) == 1 and not self.stopping:
+            return
+        if not self._ignored:
             self._ignored = True
             print(
                 "stopping already: the final checkpoint and summary come first "
@@ -158,8 +171,10 @@ def _drive(
     start: float,
     scaler: elastic.ActorScaler,
     previous_run: logdir_lib.PreviousRun | None = None,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> str:
-    """Polls the monitor, logs rows, until a stop condition (or an interrupt); returns why.
+    """Polls the monitor, logs rows, until a stop condition (or an interrupt: Ctrl-C or
+    SIGTERM, `stop_requested`); returns why.
 
     Each poll the supervisor restarts dead, silent and stalled nodes, and
     the `scaler` adds or removes actors (control file, elastic policy, data balance).
@@ -189,6 +204,8 @@ def _drive(
         with console.progress_reporter(cfg.total_env_steps) as progress:
             while reason is None:
                 time.sleep(min(0.25, cfg.log_interval_s))
+                if stop_requested():
+                    return "interrupted"
                 for line in supervisor.check():
                     progress.message(line)
                 elapsed = time.monotonic() - start
@@ -585,7 +602,9 @@ def _run_tracked(
                 scaler = _fixed_actors(running, cfg)
             else:
                 scaler = _actor_scaler(running, builder, cfg, spec)
-            reason = _drive(running, cfg, logger, start, scaler, previous)
+            reason = _drive(
+                running, cfg, logger, start, scaler, previous, lambda: signals.requested
+            )
             signals.stopping = True
             print(f"stopping: {reason}", flush=True)
             stop_failure = _stop(running, cfg, reason)

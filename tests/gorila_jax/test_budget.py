@@ -10,6 +10,7 @@ import time
 import pytest
 
 from agents import dqn, ppo
+from gorila_jax.acting import actor
 from gorila_jax.run import budget, experiment
 from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
 
@@ -45,7 +46,7 @@ class _Actor:
         done.set_result(self.env_steps)
         return done
 
-    def limit_env_steps(self, limit: int) -> None:
+    def limit_env_steps(self, limit: int, issued: int) -> None:
         self.limit = limit
 
 
@@ -70,10 +71,16 @@ def test_limits_add_up_to_the_budget_with_the_steps_of_removed_actors_counted():
 def test_an_actor_that_stood_still_below_its_limit_gets_no_more_and_the_others_fill_it():
     hung, moving = _Actor(400), _Actor(400)
     actors = {"actor/0": hung, "actor/1": moving}
-    keeper = budget.EnvStepBudget(1_001, lambda: list(actors.items()), lambda: {})
+    # Standing still for 0.2 s, not budget.STILL_S, counts here.
+    keeper = budget.EnvStepBudget(1_001, lambda: list(actors.items()), lambda: {}, still_s=0.2)
     keeper.poll(790)
     keeper.poll(800)  # the endgame: 201 to go, shared 101 and 100
     assert (hung.limit, moving.limit) == (501, 500)
+    # A moment standing still is not a hang: actor/0 keeps a share of what is left.
+    moving.env_steps = moving.limit
+    keeper.poll(hung.env_steps + moving.env_steps)
+    assert (hung.limit, moving.limit) == (451, 550)
+    time.sleep(0.25)
     for _ in range(3):  # actor/0 hangs; actor/1 reaches each limit it is given
         moving.env_steps = moving.limit
         keeper.poll(hung.env_steps + moving.env_steps)
@@ -144,3 +151,15 @@ def test_a_hung_actor_neither_holds_the_run_short_of_its_budget_nor_stops_its_en
     assert summary["stop_reason"] == "total_env_steps reached"
     assert total <= summary["env_steps"] < total + 2 * 4, summary["env_steps"]
     assert summary["learner_steps"] > 0 and "problem" not in summary
+
+
+def test_a_limit_that_arrives_after_a_later_one_is_dropped():
+    # Calls to a Ray actor run on several threads: two limits may land out of order.
+    node = actor.LimitedActing()
+    node.env_steps_now = lambda: 200
+    node.sleep = lambda seconds: None
+    node.limit_env_steps(150, issued=2)
+    node.limit_env_steps(300, issued=1)  # the earlier share-out's, late
+    assert node.at_env_step_limit()
+    node.limit_env_steps(250, issued=3)
+    assert not node.at_env_step_limit()

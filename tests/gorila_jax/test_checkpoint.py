@@ -285,6 +285,15 @@ def _learner_steps_logged(logdir) -> bool:
         return False
 
 
+def _stacks(pid: int) -> str:
+    """Every thread's stack of process `pid` (py-spy, in the default set), for a failure."""
+    py_spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(py_spy):
+        return "(no py-spy here)\n"
+    dump = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True)
+    return dump.stdout + dump.stderr
+
+
 @pytest.mark.parametrize(
     "signals, exit_code",
     [
@@ -334,7 +343,14 @@ def test_a_signal_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path, signa
             for number in signals:
                 process.send_signal(number)
                 time.sleep(0.3)
-            process.wait(timeout=240)
+            try:
+                process.wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                raise AssertionError(
+                    "the run did not exit; its threads:\n"
+                    + _stacks(process.pid)
+                    + log.read_text()[-2000:]
+                ) from None
         finally:
             process.kill()
     output = log.read_text()
