@@ -53,7 +53,7 @@ class EnvStepBudget:
         self._still_s = still_s
         self._endgame = False
         self._last: tuple[float, int] | None = None  # (time, env steps) of the last poll
-        self._given: dict[str, tuple[int, int]] = {}  # actor -> (its count, its limit) then
+        self._limits: dict[str, int] = {}  # actor -> the limit it was given last
         self._moved_at: dict[str, tuple[int, float]] = {}  # actor -> (count, when it was new)
         self._issued = 0  # the share-outs so far: each limit carries its number
 
@@ -106,14 +106,12 @@ class EnvStepBudget:
         self._issued += 1
         for (_, client), limit in zip(actors, limits):
             client.futures.limit_env_steps(limit, self._issued)
-        self._given = {
-            name: (count, limit) for (name, _), count, limit in zip(actors, counts, limits)
-        }
+        self._limits = {name: limit for (name, _), limit in zip(actors, limits)}
 
     def _stood_still(self, name: str, count: int, now: float) -> bool:
         """Whether actor `name` is below the limit it was given and has not moved for
         `still_s`."""
-        given = self._given.get(name)
-        if given is None or count >= given[1]:
+        limit = self._limits.get(name)
+        if limit is None or count >= limit:
             return False
         return now - self._moved_at[name][1] >= self._still_s
