@@ -46,6 +46,7 @@ class MonitorNode:
         self._lock = threading.Lock()
         self._counters: dict[str, dict[str, float]] = dict(restored.get("node_counters", {}))
         self._last_seen: dict[str, float] = {}
+        self._first_counters: dict[str, dict[str, float]] = {}
         self._pids: dict[str, int] = {}  # process of each heartbeating node, for operators
         # The process of each node's replaced incarnation: a beat it sends after the
         # supervisor replaced it (its kill takes effect later) is not the replacement's.
@@ -85,6 +86,8 @@ class MonitorNode:
                 return
             if pid is not None:
                 self._pids[name] = pid
+            if name not in self._last_seen:  # this incarnation's first beat
+                self._first_counters[name] = dict(counters)
             self._counters[name] = dict(counters)
             self._last_seen[name] = time.monotonic()
             self._metrics.update(metrics or {})
@@ -93,13 +96,16 @@ class MonitorNode:
                 self._role_returns[returns_role].extend(returns)
 
     def node_status(self) -> dict[str, dict[str, Any]]:
-        """Per reporting node: seconds since its last report, and its latest counters."""
+        """Per reporting node: seconds since its last report, its latest counters, and
+        those of its first report since it was (re)started: the supervisor measures
+        movement from there, so work done before it first looked counts."""
         now = time.monotonic()
         with self._lock:
             return {
                 name: {
                     "since_report_s": now - seen,
                     "counters": dict(self._counters[name]),
+                    "first_counters": dict(self._first_counters[name]),
                     "pid": self._pids.get(name),
                 }
                 for name, seen in self._last_seen.items()
@@ -241,13 +247,18 @@ class Heartbeat:
         return self
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        # The first beat goes at once: the counters a node starts from are the
+        # supervisor's baseline, so a node that works and then hangs before a
+        # later beat shows as having moved (and then stalled), not as never started.
+        while True:
             try:
                 counters = self._counters()
                 metrics = self._metrics(counters) if self._metrics is not None else None
                 self._monitor.report(self._name, counters, metrics=metrics, pid=os.getpid())
             except Exception:  # noqa: BLE001  a monitor that is away misses one beat
                 logging.warning("%s: heartbeat to the monitor failed", self._name, exc_info=True)
+            if self._stop.wait(self._interval_s):
+                return
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Ends the thread and waits for a beat in flight, `timeout_s` at most: a node's

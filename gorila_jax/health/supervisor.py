@@ -161,7 +161,9 @@ class Supervisor:
         if self._heartbeat_timeout_s and silent > self._heartbeat_timeout_s:
             return f"silent: no heartbeat for {silent:.1f}s (heartbeat_timeout_s)"
         counters = status["counters"]
-        previous = self._counters.get(name)
+        # At the first look, movement is measured from this incarnation's first beat:
+        # work done (and a hang come) between two looks still counts as having moved.
+        previous = self._counters.get(name, status.get("first_counters"))
         self._counters[name] = counters
         if previous is not None and _grew(counters, previous):
             self._moved_at[name] = now
@@ -232,9 +234,12 @@ class Supervisor:
 
 
 def _grew(counters: dict[str, float], previous: dict[str, float]) -> bool:
-    """Whether a counter rose since the previous beat: work done. A changed counter is not
-    enough: a replacement actor reports its parameter version as -1 until it has fetched
-    parameters, which read as movement, so its stall timeout (not its start-up allowance)
-    ran while it was still being built and compiled, and a loaded machine's healthy
-    replacement was replaced again."""
-    return any(value > previous.get(name, -math.inf) for name, value in counters.items())
+    """Whether a counter rose since the previous beat: work done. A change is not enough,
+    nor a rise from a negative "none yet": a replacement actor reports its parameter
+    version as -1 until it has fetched parameters; read as movement, that ran its stall
+    timeout (not its start-up allowance) while it was still compiling, and a loaded
+    machine's healthy replacement was replaced again."""
+    return any(
+        value > previous.get(name, -math.inf) and previous.get(name, 0) >= 0
+        for name, value in counters.items()
+    )

@@ -70,14 +70,22 @@ class _FakeMonitor:
     def __init__(self, clock: _Clock):
         self._clock = clock
         self._beats: dict[str, tuple[float, dict]] = {}
+        self._first: dict[str, dict] = {}
         self.restarted: list[str] = []
 
     def beat(self, name: str, **counters) -> None:
+        if name not in self._beats:
+            self._first[name] = counters
         self._beats[name] = (self._clock.now, counters)
 
     def node_status(self) -> dict:
         return {
-            name: {"since_report_s": self._clock.now - t, "counters": c, "pid": 1}
+            name: {
+                "since_report_s": self._clock.now - t,
+                "counters": c,
+                "first_counters": self._first[name],
+                "pid": 1,
+            }
             for name, (t, c) in self._beats.items()
         }
 
@@ -154,6 +162,37 @@ def test_a_node_that_beats_without_progress_while_others_progress_is_stalled():
     (line,) = supervisor.check()
     assert "worker/0" in line and "stalled" in line
     assert running.restarted == [("worker/0", {"restored": {"steps": 2}})]
+
+
+def test_a_node_that_worked_and_hung_between_two_checks_is_stalled_not_starting():
+    # The CI failure of 2026-12-05: actor/0 acted 400 env steps and hung before the
+    # supervisor first looked. Judged from that look, it had never moved, so it got
+    # the start-up allowance (here 30 s) instead of the stall timeout (5 s).
+    running, clock, hub, supervisor = _supervised(stall_timeout_s=5.0)
+    hub.beat("worker/0", steps=0)  # its first beat, at start
+    hub.beat("worker/0", steps=400)  # then it hangs, still beating
+    for t in range(0, 12):
+        clock.now = float(t)
+        hub.beat("worker/0", steps=400)
+        hub.beat("worker/1", steps=t)
+        lines = supervisor.check()
+        if lines:
+            break
+    # 7: worker/1 is checked after worker/0, so its movement counts from the next check.
+    assert t == 7 and "alive but no counter moved" in lines[0], (t, lines)
+
+
+def test_the_monitor_keeps_each_incarnations_first_counters():
+    hub = monitor.MonitorNode()
+    hub.report("actor/0", {"env_steps": 0, "param_version": -1}, pid=100)
+    hub.report("actor/0", {"env_steps": 400, "param_version": 3}, pid=100)
+    assert hub.node_status()["actor/0"]["first_counters"] == {"env_steps": 0, "param_version": -1}
+    hub.record_restart("actor/0", "stalled")
+    hub.report("actor/0", {"env_steps": 400, "param_version": -1}, pid=200)
+    hub.report("actor/0", {"env_steps": 420, "param_version": 4}, pid=200)
+    status = hub.node_status()["actor/0"]
+    assert status["first_counters"] == {"env_steps": 400, "param_version": -1}
+    assert status["counters"]["env_steps"] == 420
 
 
 def test_a_replacement_whose_counters_start_lower_gets_its_start_up_allowance():
