@@ -32,7 +32,7 @@ from gorila_jax import envs, replay, types
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
-from launch import presets  # noqa: E402
+from launch import dqn_presets, presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
 _NUM_ENVS = flags.DEFINE_integer("num_envs", 8, "Envs in the actor's envpool.")
@@ -129,7 +129,7 @@ def actor_node(
 def main(argv):
     del argv
     spec = envs.env_spec(_ENV.value)
-    config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
+    config, _ = dqn_presets.dqn_preset(presets.resolve("auto", _ENV.value))
     # A table that never rate-limits within the measurement (inserts below the minimum
     # size never wait): all inserts stay in stage 1. 1 GiB of items: FIFO past that.
     item_bytes = dqn.DQNBuilder(config).item_codec(spec).num_bytes

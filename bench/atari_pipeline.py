@@ -25,7 +25,7 @@ from absl import app, flags  # noqa: E402
 from agents import dqn  # noqa: E402
 from bench.timing import pipeline_rates, raw_envpool  # noqa: E402
 from gorila_jax import envs
-from launch import presets  # noqa: E402
+from launch import dqn_presets, presets  # noqa: E402
 
 FRAME_SKIP = 4
 _ENV = flags.DEFINE_string("env", "Pong-v5", "envpool Atari task id.")
@@ -38,7 +38,7 @@ _SPI = flags.DEFINE_float("samples_per_insert", 1.0, "Replay ratio the rate limi
 
 
 def pipeline_rate(num_actors: int) -> dict:
-    config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
+    config, _ = dqn_presets.dqn_preset(presets.resolve("auto", _ENV.value))
     config = dataclasses.replace(
         config,
         batch_size=_BATCH.value,

@@ -29,14 +29,14 @@ from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs  # noqa: E402
 from gorila_jax.federated import privacy  # noqa: E402
 from gorila_jax.federated import secure_aggregation as secagg  # noqa: E402
-from launch import presets  # noqa: E402
+from launch import dqn_presets  # noqa: E402
 
 _CLIENTS = flags.DEFINE_list("clients", ["2", "4", "8"], "Client counts to measure.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds timed per setting.", lower_bound=1)
 
 
 def _model_size(preset: str, env_id: str) -> int:
-    config, _ = presets.dqn_preset(preset)
+    config, _ = dqn_presets.dqn_preset(preset)
     builder = dqn.DQNBuilder(config)
     state = builder_lib.initial_train_state(builder, envs.env_spec(env_id), 0)
     return flatten_util.ravel_pytree(builder.trainable_params(state))[0].size

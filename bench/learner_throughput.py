@@ -35,7 +35,7 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, replay, types
 from gorila_jax.learning import learner
 from gorila_jax.learning import step as step_lib
-from launch import presets  # noqa: E402
+from launch import dqn_presets, presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
 _BATCH = flags.DEFINE_multi_string(
@@ -150,7 +150,7 @@ def main(argv):
     del argv
     sizes = _batch_sizes(_BATCH.value)
     spec = envs.env_spec(_ENV.value)
-    config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
+    config, _ = dqn_presets.dqn_preset(presets.resolve("auto", _ENV.value))
     config = dataclasses.replace(
         config,
         batch_size=sizes[0],

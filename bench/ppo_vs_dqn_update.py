@@ -37,7 +37,7 @@ from agents.ppo import learning  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs, parallel, types  # noqa: E402
 from gorila_jax.learning import step as step_lib  # noqa: E402
-from launch import ppo_presets, presets  # noqa: E402
+from launch import dqn_presets, ppo_presets, presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "Pong-v5", "envpool Atari task id.")
 _LENGTH = flags.DEFINE_integer("trajectory_length", 128, "PPO steps per chunk.")
@@ -127,7 +127,7 @@ def main(argv):
     spec = envs.env_spec(_ENV.value)
     ppo_builder = _ppo_builder(_ENV.value)
     cfg = ppo_builder.config
-    dqn_config, _ = presets.dqn_preset(presets.resolve("auto", _ENV.value))
+    dqn_config, _ = dqn_presets.dqn_preset(presets.resolve("auto", _ENV.value))
     dqn_builder = dqn.DQNBuilder(dataclasses.replace(dqn_config, batch_size=_DQN_BATCH.value))
     steps = cfg.global_batch_size * cfg.trajectory_length
     results = {

@@ -4,6 +4,7 @@ import dataclasses
 from typing import Any
 
 from agents import qrdqn
+from launch import dqn_presets
 
 QRDQN_PRESETS = ("default", "cartpole")
 # preset -> (env family, what it changes), for `--list_presets`.
@@ -18,14 +19,12 @@ QRDQN_PRESET_INFO = {
 
 
 def _cartpole() -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
-    # DQN's cartpole preset (launch/presets.py, `_cartpole`, where each value
+    # DQN's cartpole preset (launch/dqn_presets.py, `_cartpole`, where each value
     # is explained) with 51 quantiles; kappa (huber_delta) stays 1, the
     # paper's. The learning rate is twice DQN's: at 1e-3, seed 2 first reached
     # 475 at 90k env steps and ended at 457; at 2e-3 it reached 475 at 55k and
     # ended at 500 (docs/adding_an_agent.md has every measured run).
-    from launch import presets  # imported here: presets registers this module's presets
-
-    dqn_config, settings = presets.dqn_preset("cartpole")
+    dqn_config, settings = dqn_presets.dqn_preset("cartpole")
     config = dataclasses.replace(
         qrdqn.QRDQNConfig(**dataclasses.asdict(dqn_config)),
         num_quantiles=51,
@@ -56,9 +55,7 @@ def qrdqn_gorila_preset(name: str) -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
     Asynchronous workers add momentum of their own (Mitliagkas et al., 2016),
     so the cartpole preset drops Adam's, as DQN's Gorila preset does.
     """
-    from launch import presets  # see _cartpole
-
     config, settings = qrdqn_preset(name)
     if name == "cartpole":
-        config = dataclasses.replace(config, **presets.GORILA_CARTPOLE)
+        config = dataclasses.replace(config, **dqn_presets.GORILA_CARTPOLE)
     return config, settings

@@ -37,7 +37,9 @@ from gorila_jax.run import experiment
 from gorila_jax.run import logdir as logdir_lib
 from launch import families, presets, schedules
 
-_AGENT = flags.DEFINE_enum("agent", "dqn", list(presets.AGENTS), "Which agent to train.")
+_AGENT = flags.DEFINE_enum(
+    "agent", "dqn", list(presets.AGENTS), "Which agent to train (docs/agents.md)."
+)
 _PRESET = flags.DEFINE_string(
     "preset",
     "auto",

@@ -19,12 +19,12 @@ from agents import dqn
 from gorila_jax import curves, envs
 from gorila_jax.gorila import parameter_server
 from gorila_jax.run import experiment
-from launch import presets
+from launch import dqn_presets
 from tests.backends import BACKENDS
 
 
 def _cartpole(
-    tmp_path, preset=presets.dqn_preset, **overrides
+    tmp_path, preset=dqn_presets.dqn_preset, **overrides
 ) -> tuple[dqn.DQNBuilder, experiment.ExperimentConfig]:
     config, settings = preset("cartpole")
     settings = {**settings, **overrides}
@@ -142,13 +142,13 @@ GORILA_TEST_ENV_STEPS = 60_000
 
 
 def _gorila_preset_over_the_test_budget(name: str):
-    config, settings = presets.dqn_gorila_preset(name)
-    return presets.schedules_over(config, GORILA_TEST_ENV_STEPS), settings
+    config, settings = dqn_presets.dqn_gorila_preset(name)
+    return dqn_presets.schedules_over(config, GORILA_TEST_ENV_STEPS), settings
 
 
-def _gorila_cartpole(tmp_path, preset=presets.dqn_gorila_preset, **overrides):
+def _gorila_cartpole(tmp_path, preset=dqn_presets.dqn_gorila_preset, **overrides):
     # The cartpole preset as Gorila mode takes it (Adam's b1 lowered:
-    # `presets.dqn_gorila_preset`). Every node that asks for a CPU takes a
+    # `dqn_presets.dqn_gorila_preset`). Every node that asks for a CPU takes a
     # quarter: replay, 2 workers, 2 shards and 2 actors fit the 2 logical CPUs.
     return _cartpole(
         tmp_path,

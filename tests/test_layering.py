@@ -1,5 +1,6 @@
-"""The seams: the skeleton knows no agent, its folders import only downward, and every
-agent fills the whole builder contract."""
+"""The seams: the skeleton knows no agent, its folders import only downward, no module
+of the project imports itself through others, and every registered agent fills the whole
+builder contract."""
 
 import ast
 import inspect
@@ -7,9 +8,9 @@ import pathlib
 
 import pytest
 
-from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import replay
+from launch import presets
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -195,10 +196,102 @@ def test_skeleton_never_names_an_agent():
             )
 
 
-def test_dqn_builder_implements_the_whole_contract():
-    contract = {
-        name for name, _ in inspect.getmembers(builder_lib.AgentBuilder) if not name.startswith("_")
-    } | set(builder_lib.AgentBuilder.__annotations__)
-    builder = dqn.DQNBuilder(dqn.DQNConfig())
-    missing = {name for name in contract if not hasattr(builder, name)}
-    assert not missing
+@pytest.mark.parametrize("agent", sorted(presets.AGENTS))
+def test_every_registered_agent_implements_the_whole_contract(agent):
+    """Each `--agent` builder has every member of `AgentBuilder`, and each method takes
+    the contract's parameters by the contract's names (the skeleton passes them so)."""
+    registered = presets.AGENTS[agent]
+    builder = registered.builder(registered.config())
+    for name, member in inspect.getmembers(builder_lib.AgentBuilder):
+        if name.startswith("_"):
+            continue
+        assert hasattr(builder, name), f"{agent}'s builder lacks {name}"
+        if inspect.isfunction(member):
+            wanted = list(inspect.signature(member).parameters)[1:]  # without self
+            has = list(inspect.signature(getattr(builder, name)).parameters)
+            assert has[: len(wanted)] == wanted, f"{agent}.{name}{has} is not the contract's"
+    missing = set(builder_lib.AgentBuilder.__annotations__) - set(dir(builder))
+    assert not missing, f"{agent}'s builder lacks {missing}"
+
+
+# ---------------------------------------------------------------- import cycles
+
+PROJECT_ROOTS = ("gorila_jax", "agents", "launch")
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _project_import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at the top or inside a function alike
+    (an import moved into a function hides a cycle from Python, not from this graph)."""
+    paths = {
+        _module_name(path): path for root in PROJECT_ROOTS for path in (REPO / root).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {module: set() for module in paths}
+    for module, path in paths.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                # `from package import module` needs that module; `from module import
+                # name`, the module (a package's name: its __init__).
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in paths else base
+                    for alias in node.names
+                ]
+            else:
+                continue
+            for target in targets:
+                while target and target not in paths:  # a name inside a module
+                    target = target.rpartition(".")[0]
+                if target and target != module:
+                    graph[module].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for imported in graph[module]:
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while not component or component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for module in graph:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_import_cycle_anywhere_in_the_project():
+    cycles = _cycles(_project_import_graph())
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_the_cycle_check_finds_a_cycle_hidden_in_a_function():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

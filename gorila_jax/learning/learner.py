@@ -5,12 +5,6 @@ With `num_learner_hosts` > 1 the learner is H processes (one per host) that
 join one `jax.distributed` job (`multihost_learner.MultiHostLearnerNode`).
 """
 
-import logging
-from typing import Any
-
-import jax
-import numpy as np
-
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, types
 from gorila_jax.distributed import program
@@ -71,12 +65,6 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         restored_counters: dict[str, float] | None = None,
         name: str = "learner/0",
     ):
-        if not 0 < rollback_lr_factor <= 1:
-            raise ValueError(f"rollback_lr_factor must be in (0, 1], got {rollback_lr_factor}")
-        if rollback_param_noise < 0:
-            raise ValueError(
-                f"rollback_param_noise must not be negative, got {rollback_param_noise}"
-            )
         super().__init__(
             builder,
             spec,
@@ -93,10 +81,9 @@ class LearnerNode(sync_learner.SyncLearnerNode):
             max_nonfinite_steps,
             restored_counters,
             name=name,
+            rollback_lr_factor=rollback_lr_factor,
+            rollback_param_noise=rollback_param_noise,
         )
-        self._rollback_lr_factor = rollback_lr_factor
-        self._rollback_param_noise = rollback_param_noise
-        self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
         self._updates = builder.updates_per_dispatch
         self._step_fn = parallel.pmap_step(
             step_lib.make_step(builder, spec, updates=self._updates),
@@ -126,59 +113,3 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         if self._max_nonfinite_steps and streak >= self._max_nonfinite_steps:
             self._roll_back(streak)
         return True
-
-    def _roll_back(self, streak: int) -> None:
-        """Restores the newest checkpoint that loads, with a lower learning-rate scale.
-
-        Learner steps keep counting up (no counter goes backwards); only the
-        agent's state returns to the checkpoint's.
-
-        Raises:
-          sync_learner.NumericalFault: there is no checkpoint to return to.
-        """
-        why = f"{streak} consecutive non-finite updates (max_nonfinite_steps)"
-        if self._checkpoints is None or not self._checkpoints.steps():
-            raise sync_learner.NumericalFault(
-                f"{self._name}: {why} and no checkpoint to roll back to"
-            )
-        with self._state_lock:
-            target = jax.device_get(parallel.unreplicate(self._state))
-            guard = jax.device_get(parallel.unreplicate(self._guard))
-            newest = self._checkpoints.restore_newest(target, self._name)
-            if newest is None:
-                raise sync_learner.NumericalFault(f"{self._name}: {why} and no checkpoint loads")
-            step, state, _ = newest
-            state = self._perturbed(state)
-            lr_scale = float(guard.lr_scale) * self._rollback_lr_factor
-            self._state = parallel.replicate(state, self._devices)
-            self._guard = parallel.replicate(
-                step_lib.init_guard(int(guard.skipped_steps), lr_scale), self._devices
-            )
-            self.rollbacks += 1
-            with self._params_lock:
-                self._published = parallel.unreplicate(self._builder.actor_params(self._state))
-            self._last_info = None  # the step in flight ran on the abandoned state
-        logging.warning(
-            "%s: %s; rolled back to the checkpoint of step %d, learning-rate scale now %g",
-            self._name,
-            why,
-            step,
-            lr_scale,
-        )
-
-    def _perturbed(self, state: Any) -> Any:
-        """`state` with noise added to the agent's trainable parameters (if configured)."""
-        if not self._rollback_param_noise:
-            return state
-        self._noise_key, key = jax.random.split(self._noise_key)
-        leaves, treedef = jax.tree.flatten(self._builder.trainable_params(state))
-        keys = iter(jax.random.split(key, len(leaves)))
-        noisy = [
-            leaf
-            + self._rollback_param_noise
-            * np.asarray(jax.random.normal(next(keys), leaf.shape, leaf.dtype))
-            if np.issubdtype(leaf.dtype, np.floating)
-            else leaf
-            for leaf in leaves
-        ]
-        return self._builder.with_trainable_params(state, jax.tree.unflatten(treedef, noisy))

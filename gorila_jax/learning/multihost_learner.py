@@ -62,13 +62,11 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
     others wait in the next update's collectives. `num_devices` must be 0 or
     all of the host's devices. One process is never restarted alone (it
     cannot rejoin the others' job): the wiring restarts the whole group
-    (`program.Program.restart_together`). A numerical fault is not rolled
-    back; it fails every process at the same step.
+    (`program.Program.restart_together`). A numerical fault is rolled back
+    in every process after the same step, to the chief's newest checkpoint.
 
     Args:
-      builder ... restored_counters: as `learner.LearnerNode`'s;
-        `rollback_lr_factor` and `rollback_param_noise` are accepted from the
-        wiring, which gives every learner the same settings, and not used.
+      builder ... restored_counters: as `learner.LearnerNode`'s.
       num_learner_hosts: learner processes (H) in the job, at least 2.
       learner_process_id: this process's index p, 0 .. H - 1.
       rendezvous: client of the `multihost.Rendezvous` node through which the
@@ -122,6 +120,8 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
             name=f"learner/{learner_process_id}",
             num_processes=num_learner_hosts,
             is_chief=group.is_chief,
+            rollback_lr_factor=rollback_lr_factor,
+            rollback_param_noise=rollback_param_noise,
         )
         self._global_step = make_global_step(builder, spec)
         # The latest (keys, device batch): what this process feeds a stop-vote step.
@@ -208,12 +208,15 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
         # This process's rows of the global batch: exactly the items it sampled.
         streak = self._finish_step(keys, info)
         if self._max_nonfinite_steps and streak >= self._max_nonfinite_steps:
-            # The streak is global (pmax), so every process raises at the same step.
-            raise sync_learner.NumericalFault(
-                f"{self._name}: {streak} consecutive non-finite updates "
-                "(max_nonfinite_steps); a multi-host learner does not roll back"
-            )
+            # The streak is global (pmax), so every process rolls back after the same step.
+            self._roll_back(streak)
         return True
+
+    def _agreed_rollback(self, step: int, state: Any) -> tuple[int, Any]:
+        """The chief's checkpoint step and (perturbed) state, in every process: it alone
+        reads checkpoints, as at the start (`_agreed`)."""
+        state, step = multihost.broadcast_from_chief((state, np.asarray(step, np.int32)))
+        return int(step), state
 
     def _placeholder_batch(self) -> Any:
         """A zero batch of the local shape and dtypes, for a stop vote before any real batch."""

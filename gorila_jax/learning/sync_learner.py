@@ -59,9 +59,17 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         name: str,
         num_processes: int = 1,
         is_chief: bool = True,
+        rollback_lr_factor: float = 0.5,
+        rollback_param_noise: float = 0.0,
     ):
         if max_nonfinite_steps < 0:
             raise ValueError(f"max_nonfinite_steps must not be negative, got {max_nonfinite_steps}")
+        if not 0 < rollback_lr_factor <= 1:
+            raise ValueError(f"rollback_lr_factor must be in (0, 1], got {rollback_lr_factor}")
+        if rollback_param_noise < 0:
+            raise ValueError(
+                f"rollback_param_noise must not be negative, got {rollback_param_noise}"
+            )
         precision.use_tf32(tf32)
         self._is_chief, self._num_processes = is_chief, num_processes
         devices = parallel.local_devices(num_devices)
@@ -79,6 +87,9 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             restored_counters,
         )
         self._max_nonfinite_steps = max_nonfinite_steps
+        self._rollback_lr_factor = rollback_lr_factor
+        self._rollback_param_noise = rollback_param_noise
+        self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
         self._checkpoint_interval = checkpoint_interval_steps
         self._guard_meta: dict[str, float] = {}
         self.rollbacks = 0
@@ -124,6 +135,66 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
     def _agreed(self, state: Any) -> Any:
         """The state every process starts from; a one-host learner's own."""
         return state
+
+    def _roll_back(self, streak: int) -> None:
+        """Restores the newest checkpoint that loads, with a lower learning-rate scale (and
+        noise on the parameters, if set); in every process of a multi-host learner alike.
+
+        Learner steps keep counting up (no counter goes backwards); only the
+        agent's state returns to the checkpoint's.
+
+        Raises:
+          NumericalFault: there is no checkpoint to return to, or none loads.
+        """
+        why = f"{streak} consecutive non-finite updates (max_nonfinite_steps)"
+        with self._state_lock:
+            target = jax.device_get(parallel.unreplicate(self._state))
+            guard = jax.device_get(parallel.unreplicate(self._guard))
+            newest = None  # only the chief has checkpoints; `_agreed_rollback` shares its pick
+            if self._checkpoints is not None and self._checkpoints.steps():
+                newest = self._checkpoints.restore_newest(target, self._name)
+            step, state = (newest[0], self._perturbed(newest[1])) if newest else (-1, target)
+            step, state = self._agreed_rollback(step, state)
+            if step < 0:
+                raise NumericalFault(f"{self._name}: {why} and no checkpoint to roll back to")
+            lr_scale = float(guard.lr_scale) * self._rollback_lr_factor
+            self._state = parallel.replicate(state, self._devices)
+            self._guard = parallel.replicate(
+                step_lib.init_guard(int(guard.skipped_steps), lr_scale), self._devices
+            )
+            self.rollbacks += 1
+            if self._is_chief:
+                with self._params_lock:
+                    self._published = parallel.unreplicate(self._builder.actor_params(self._state))
+            self._last_info = None  # the step in flight ran on the abandoned state
+        logging.warning(
+            "%s: %s; rolled back to the checkpoint of step %d, learning-rate scale now %g",
+            self._name,
+            why,
+            step,
+            lr_scale,
+        )
+
+    def _agreed_rollback(self, step: int, state: Any) -> tuple[int, Any]:
+        """The checkpoint step (-1: none) and state every process rolls back to."""
+        return step, state
+
+    def _perturbed(self, state: Any) -> Any:
+        """`state` with noise added to the agent's trainable parameters (if configured)."""
+        if not self._rollback_param_noise:
+            return state
+        self._noise_key, key = jax.random.split(self._noise_key)
+        leaves, treedef = jax.tree.flatten(self._builder.trainable_params(state))
+        keys = iter(jax.random.split(key, len(leaves)))
+        noisy = [
+            leaf
+            + self._rollback_param_noise
+            * np.asarray(jax.random.normal(next(keys), leaf.shape, leaf.dtype))
+            if np.issubdtype(leaf.dtype, np.floating)
+            else leaf
+            for leaf in leaves
+        ]
+        return self._builder.with_trainable_params(state, jax.tree.unflatten(treedef, noisy))
 
     def _initial_state(self, spec: types.EnvSpec, seed: int, restore_step: int | None):
         """(state, learner steps): the agent's fresh state, or the one saved at `restore_step`."""

@@ -1,7 +1,7 @@
 """The driver loop that runs a Gorila program for any agent and reports it.
 
 The run's settings are `ExperimentConfig` (experiment_config.py); its
-nodes and their wiring are `wiring.make_program` (wiring.py). Both are
+nodes and their wiring are `programs.make_program` (programs.py). Both are
 re-exported here, the one module experiment scripts import.
 """
 
@@ -29,9 +29,10 @@ from gorila_jax.health import balance
 from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import budget, elastic, role_program, wiring
+from gorila_jax.run.programs import make_program
 from gorila_jax.run import logdir as logdir_lib
 from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
-from gorila_jax.run.wiring import add_actor, make_program, remove_actor, set_sample_weights
+from gorila_jax.run.wiring import add_actor, remove_actor, set_sample_weights
 
 __all__ = [
     "LEARNER_MODES",

@@ -27,10 +27,19 @@ class ExperimentConfig:
     """Settings of one run that are not the agent's hyperparameters; see each field's help."""
 
     env_id: str = setting(
-        "CartPole-v1", "run", "envpool task id, or mpe/<task> (docs/multiagent.md).", flag="env"
+        "CartPole-v1",
+        "run",
+        "envpool task id, or mpe/<task> (docs/multiagent.md); --list_envs lists them, and an "
+        "unknown id fails at once with its close matches.",
+        flag="env",
     )
     total_env_steps: int = setting(
-        100_000, "run", "The run stops once actors have taken this many env steps.", check=POSITIVE
+        100_000,
+        "run",
+        "The run stops once actors have taken this many env steps: near the end each actor "
+        "gets a limit of its own, so it ends less than one actor step per actor past it. "
+        "The preset's schedules are fitted to it (docs/presets.md).",
+        check=POSITIVE,
     )
     seed: int = setting(0, "run", "Root seed; every node's key and env seed derive from it.")
     logdir: str = setting(
@@ -63,7 +72,11 @@ class ExperimentConfig:
         10, "run", "Greedy episodes per evaluation, and for the final one.", check=POSITIVE
     )
     eval_interval_s: float = setting(
-        5.0, "run", "Seconds between evaluations; 0 disables them.", check=NON_NEGATIVE
+        5.0,
+        "run",
+        "Seconds between evaluations, and one more of the newest parameters when the run "
+        "ends (not on Ctrl-C or SIGTERM); 0 disables them.",
+        check=NON_NEGATIVE,
     )
     wandb_project: str = setting(
         "",
@@ -193,7 +206,8 @@ class ExperimentConfig:
     compression: str = setting(
         "none",
         "gorila",
-        "Gradients on the wire to the shards.",
+        "Gradients on the wire to the shards: onebit keeps the error it drops for the next "
+        "gradient (error feedback), sparse drops |g| < 1e-4.",
         choices=compression.GRADIENT_SCHEMES,
     )
     outlier_stds: float = setting(

@@ -79,10 +79,6 @@ def make_program(
     With `resume`, every node starts from that checkpoint: learner state and
     replay from its step, counters, returns and evaluations from its meta.
     """
-    if cfg.learner_mode == "federated":
-        from gorila_jax.run import federated_program  # it builds on this module's parts
-
-        return federated_program.make_program(builder, cfg, spec)
     program = program_lib.Program("gorila")
     restore_step = resume.step if resume else None
     meta = resume.meta if resume else {}

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from gorila_jax import envs
-from launch import families, presets, train
+from launch import dqn_presets, families, presets, train
 
 EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "num_envs_per_actor"}
 
@@ -166,4 +166,4 @@ def test_list_presets_says_what_auto_picks_in_each_family():
 def test_gorila_mode_drops_adams_momentum_in_every_vector_discrete_env():
     sync, _ = presets.load("auto", "dqn", "Acrobot-v1", EXPERIMENT_FIELDS)
     gorila, _ = presets.load("auto", "dqn", "Acrobot-v1", EXPERIMENT_FIELDS, "gorila")
-    assert gorila == dataclasses.replace(sync, **presets.GORILA_CARTPOLE)
+    assert gorila == dataclasses.replace(sync, **dqn_presets.GORILA_CARTPOLE)

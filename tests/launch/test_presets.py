@@ -8,7 +8,7 @@ from agents import dqn
 from gorila_jax import envs
 from gorila_jax.gorila import mode
 from gorila_jax.run import experiment
-from launch import presets
+from launch import dqn_presets, presets
 
 EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "num_envs_per_actor"}
 
@@ -79,10 +79,10 @@ def test_bad_preset_files_are_rejected_with_the_reason(tmp_path, content, messag
 def test_gorila_mode_lowers_adams_momentum_in_the_dqn_cartpole_preset_only():
     sync, _ = presets.load("auto", "dqn", "CartPole-v1", EXPERIMENT_FIELDS)
     gorila, _ = presets.load("auto", "dqn", "CartPole-v1", EXPERIMENT_FIELDS, "gorila")
-    assert sync.adam_b1 == 0.9 and gorila.adam_b1 == presets.GORILA_CARTPOLE["adam_b1"] < 0.9
+    assert sync.adam_b1 == 0.9 and gorila.adam_b1 == dqn_presets.GORILA_CARTPOLE["adam_b1"] < 0.9
     # A worker pushes one gradient per call; the rest of the preset is the sync one.
     assert sync.updates_per_dispatch > 1 and gorila.updates_per_dispatch == 1
-    assert gorila == dataclasses.replace(sync, **presets.GORILA_CARTPOLE)
+    assert gorila == dataclasses.replace(sync, **dqn_presets.GORILA_CARTPOLE)
     mode.check_agent(dqn.DQNBuilder(gorila), envs.env_spec("CartPole-v1"))  # runs there
     pong, _ = presets.load("auto", "dqn", "Pong-v5", EXPERIMENT_FIELDS, "gorila")
     assert pong.adam_b1 == 0.9  # measured on CartPole only

@@ -7,7 +7,7 @@ from gorila_jax.distributed import program as program_lib
 from gorila_jax.distributed.launchers import base
 
 LAUNCHERS = ("local", "ray", "launchpad")
-LAUNCHPAD_LAUNCH_TYPES = ("local_mp", "local_mt")
+LAUNCHPAD_LAUNCH_TYPES = base.LAUNCHPAD_LAUNCH_TYPES
 # What the ray launcher does and launchpad does not; a launchpad run prints it at start.
 LAUNCHPAD_LIMITS = (
     "launchpad launcher: a node that fails ends the run (no restarts), no elastic actors, "

@@ -8,6 +8,10 @@ from typing import Any, Callable
 
 from gorila_jax.distributed import program as program_lib
 
+# Here, not in the package's __init__, so the Launchpad launcher can check it without
+# importing the package that imports it.
+LAUNCHPAD_LAUNCH_TYPES = ("local_mp", "local_mt")
+
 
 def close_stages(specs: list[program_lib.NodeSpec]) -> list[list[program_lib.NodeSpec]]:
     """`specs` in the order to close them: each stage's nodes after every node that holds

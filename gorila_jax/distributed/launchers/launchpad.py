@@ -235,10 +235,9 @@ def launch(
     Raises:
       ValueError: an unknown `launch_type`.
     """
-    from gorila_jax.distributed.launchers import LAUNCHPAD_LAUNCH_TYPES
-
-    if launch_type not in LAUNCHPAD_LAUNCH_TYPES:
+    if launch_type not in base.LAUNCHPAD_LAUNCH_TYPES:
         raise ValueError(
-            f"unknown launchpad launch type {launch_type!r}; choose one of {LAUNCHPAD_LAUNCH_TYPES}"
+            f"unknown launchpad launch type {launch_type!r}; "
+            f"choose one of {base.LAUNCHPAD_LAUNCH_TYPES}"
         )
     return LaunchpadProgram(program, launch_type, log_dir or os.path.join("runs", "launchpad"))

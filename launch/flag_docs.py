@@ -1,0 +1,86 @@
+"""docs/flags.md's table of flags, made from launch.train's flags: its own, and one per
+`ExperimentConfig` field in that field's group, each with the help it was declared with
+(`config_checks.setting`), as `--helpfull` shows them.
+
+    python -m launch.flag_docs          # rewrites the table in docs/flags.md
+    python -m launch.flag_docs --check  # exit 1 if the table is stale
+
+tests/launch/test_flag_docs.py fails when the table is stale. To change a row, change the
+flag's help (or the setting's) and run this.
+"""
+
+import dataclasses
+import pathlib
+import sys
+
+from absl import flags
+
+from gorila_jax.run import experiment
+from launch import train
+
+DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "flags.md"
+BEGIN = "<!-- the flags table: `python -m launch.flag_docs` writes it; edit the flags' help -->"
+END = "<!-- end of the flags table -->"
+
+
+def _default(flag: flags.Flag) -> str:
+    value = flag.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value == "":
+        return "empty"
+    return f"`{value}`"
+
+
+def _row(flag: flags.Flag) -> str:
+    # An enum flag's help starts with its choices, as absl writes it: <a|b>: ... Markdown
+    # would take <...> for a tag and | for a column.
+    meaning = " ".join(flag.help.split()).replace("|", "\\|").replace("<", "&lt;")
+    return f"| `--{flag.name}` | {_default(flag)} | {meaning} |"
+
+
+def _groups() -> list[str]:
+    """The settings' groups, in the order of their first field."""
+    fields = dataclasses.fields(experiment.ExperimentConfig)
+    return list(dict.fromkeys(field.metadata["group"] for field in fields))
+
+
+def render() -> str:
+    """The table, between its markers."""
+    registry = flags.FLAGS
+    sections = [("what to run", registry.get_flags_for_module(train.__name__))]
+    sections += [
+        (f"settings: {group}", registry.get_flags_for_module(f"experiment settings: {group}"))
+        for group in _groups()
+    ]
+    lines = [BEGIN, "", "| flag | default | meaning |", "|---|---|---|"]
+    for title, section in sections:
+        lines.append(f"| **{title}** | | |")
+        lines += [_row(flag) for flag in section]
+    return "\n".join([*lines, "", END])
+
+
+def current() -> str:
+    """The table as docs/flags.md has it now."""
+    text = DOC.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{DOC} has no flags table markers ({BEGIN!r} ... {END!r})")
+    return text[text.index(BEGIN) : text.index(END) + len(END)]
+
+
+def main(argv: list[str]) -> int:
+    table = render()
+    if "--check" in argv:
+        stale = current() != table
+        if stale:
+            print(f"{DOC} is stale: run python -m launch.flag_docs", file=sys.stderr)
+        return int(stale)
+    DOC.write_text(DOC.read_text().replace(current(), table))
+    print(f"wrote the flags table of {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
