@@ -1,19 +1,18 @@
-"""envpool environments: id validation, construction and the spec agents build from.
+"""Environments by id: validation, construction and the spec agents build from.
 
-Multi-agent tasks (`mpe/...` ids) come from gorila_jax/multiagent.py through the
-same three functions, as vector envs of the same shape.
+Every id belongs to one family (`FAMILIES`, the interface in env_api.py): envpool's
+tasks, multi-agent `mpe/...` tasks (multiagent.py) and any registered Gymnasium env as
+`gym:<id>` (gym_envs.py), each a `env_api.VectorEnv` of the same rules.
 """
 
-import difflib
 import functools
-import math
 import warnings
 from typing import Any
 
 import gymnasium
 import numpy as np
 
-from gorila_jax import multiagent, types
+from gorila_jax import env_api, gym_envs, multiagent, types
 
 
 @functools.cache
@@ -36,16 +35,8 @@ def _quiet_box_warnings() -> None:
     warnings.filterwarnings("ignore", message=r".*Box (low|high)'s precision lowered")
 
 
-def check_env_id(env_id: str) -> None:
-    """Raises ValueError naming close matches if neither envpool nor mpe2 knows `env_id`."""
-    known = _known_env_ids()
-    if multiagent.is_multiagent(env_id):
-        known = multiagent.known_env_ids()
-    if env_id in known:
-        return
-    close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.6)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; see envpool.list_all_envs()"
-    raise ValueError(f"unknown env id {env_id!r}{hint}")
+def _check_envpool_id(env_id: str) -> None:
+    env_api.check_known(env_id, _known_env_ids(), "see envpool.list_all_envs()")
 
 
 # The DQN preprocessing of Mnih et al. (2015) that envpool does not do by
@@ -88,53 +79,6 @@ def game_signals(reward, terminated, truncated, info) -> tuple[np.ndarray, np.nd
     return raw_reward, game_terminated | truncated
 
 
-# Dict observations (dm_control's position, velocity, ...; robotics' goals)
-# reach agents as one array: every entry flattened to 1-D, in sorted key order,
-# concatenated, as float32. The one place that does it is `flatten_observations`.
-FLAT_DTYPE = "float32"
-
-
-def _dict_problem(space: gymnasium.spaces.Dict) -> str | None:
-    """Why `space`'s entries cannot be flattened into one array of numbers, or None.
-
-    Every entry must be a Box of numbers (float, int or bool). Refused: uint8
-    arrays (images, or text as bytes: MiniGrid's image and mission, Sokoban's
-    grid), other spaces (Discrete, MultiBinary, Text) and nested dicts.
-    """
-    if not space.spaces:
-        return "it has no entries"
-    for key, entry in space.spaces.items():
-        kind = type(entry).__name__
-        if hasattr(entry, "spaces"):
-            return f"{key!r} is a nested {kind.lower()}"
-        if not isinstance(entry, gymnasium.spaces.Box):
-            return f"{key!r} is a {kind} space"
-        dtype = np.dtype(entry.dtype)
-        if dtype == np.uint8:
-            return f"{key!r} is a uint8 Box {list(entry.shape)} (an image or text as bytes)"
-        if not (np.issubdtype(dtype, np.number) or dtype == np.bool_):
-            return f"{key!r} is a Box of {dtype.name}"
-    return None
-
-
-def _flat_shape(space: gymnasium.spaces.Dict) -> tuple[int]:
-    return (sum(math.prod(entry.shape) for entry in space.spaces.values()),)
-
-
-def flat_keys(space: gymnasium.spaces.Dict) -> list[str]:
-    """The order `flatten_observations` concatenates a dict space's entries in: sorted keys."""
-    return sorted(space.spaces)
-
-
-def flatten_observations(observations: dict[str, np.ndarray], keys: list[str]) -> np.ndarray:
-    """One float32 array [E, D] of a vector env's dict observations {key: [E, ...]}:
-    the entries of `keys` (`flat_keys` of the space), each flattened per env,
-    concatenated in that order."""
-    num_envs = len(observations[keys[0]])
-    parts = [np.asarray(observations[key]).reshape(num_envs, -1) for key in keys]
-    return np.concatenate(parts, axis=1, dtype=np.float32)
-
-
 class FlatDictObservations:
     """An envpool vector env that observes a dict of numeric arrays, handing out
     `flatten_observations` of them instead: `reset`, `step` and `recv` return one
@@ -147,22 +91,22 @@ class FlatDictObservations:
 
     def __init__(self, env: Any):
         self.env = env
-        self.keys = flat_keys(env.observation_space)
-        shape = _flat_shape(env.observation_space)
+        self.keys = env_api.flat_keys(env.observation_space)
+        shape = env_api.flat_shape(env.observation_space)
         self.observation_space = gymnasium.spaces.Box(-np.inf, np.inf, shape, np.float32)
         self.single_observation_space = self.observation_space
 
     def reset(self, *args: Any, **kwargs: Any) -> tuple[np.ndarray, dict]:
         obs, info = self.env.reset(*args, **kwargs)
-        return flatten_observations(obs, self.keys), info
+        return env_api.flatten_observations(obs, self.keys), info
 
     def step(self, *args: Any, **kwargs: Any) -> tuple:
         obs, *rest = self.env.step(*args, **kwargs)
-        return flatten_observations(obs, self.keys), *rest
+        return env_api.flatten_observations(obs, self.keys), *rest
 
     def recv(self, *args: Any, **kwargs: Any) -> tuple:
         obs, *rest = self.env.recv(*args, **kwargs)
-        return flatten_observations(obs, self.keys), *rest
+        return env_api.flatten_observations(obs, self.keys), *rest
 
     def __getattr__(self, name: str) -> Any:
         if name in ("env", "keys"):  # not set yet (unpickling): no recursion
@@ -172,7 +116,7 @@ class FlatDictObservations:
 
 def make_env(
     env_id: str, num_envs: int, seed: int, evaluation: bool = False, **env_kwargs: Any
-) -> Any:
+) -> env_api.VectorEnv:
     """A gymnasium-API envpool vector env of `num_envs` copies, seeded with `seed`.
 
     A multi-agent task's copies give `spec.agents_per_env` rows each
@@ -189,67 +133,10 @@ def make_env(
     check_env_id(env_id)
     if num_envs < 1:
         raise ValueError(f"num_envs must be positive, got {num_envs}")
-    if multiagent.is_multiagent(env_id):
-        # Preprocessing and the thread pool are envpool's; the rest go to the task.
-        env_kwargs.pop("num_threads", None)
-        return multiagent.RoleEnv(env_id, num_envs, seed, **env_kwargs)
-    _quiet_box_warnings()
-    options = {**preprocessing(env_id, evaluation), **env_kwargs}
-    env = _envpool().make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
-    space = env.observation_space
-    if isinstance(space, gymnasium.spaces.Dict) and _dict_problem(space) is None:
-        return FlatDictObservations(env)
-    return env
+    return family(env_id).make_env(env_id, num_envs, seed, evaluation, **env_kwargs)
 
 
-def _space_problem(env_id: str, kind: str, space: Any) -> str | None:
-    """Why agents here cannot take `space` as their `kind` ("observations"/"actions"), or None.
-
-    Agents take one array of observations and one Discrete or flat Box of actions.
-    A dict of numeric Box observations counts as one array: its entries are
-    flattened and concatenated (`flatten_observations`).
-    """
-    name = type(space).__name__
-    if hasattr(space, "spaces"):  # gymnasium's Dict and Tuple
-        parts = space.spaces
-        keys = ", ".join(map(str, parts.keys() if hasattr(parts, "keys") else range(len(parts))))
-        refusal = f"{env_id} has {name.lower()} {kind} ({keys}); gorila-jax agents take one array"
-        if kind == "observations" and isinstance(space, gymnasium.spaces.Dict):
-            problem = _dict_problem(space)
-            if problem is None:
-                return None  # flattened: see `flatten_observations`
-            return (
-                f"{refusal} (they flatten a dict into one when every entry is a numeric Box; "
-                f"here {problem})"
-            )
-        return refusal
-    if space.shape is None:
-        return f"{env_id} has {name} {kind}; gorila-jax agents take one Box or Discrete array"
-    if kind == "observations" and hasattr(space, "n"):
-        # A tabular state index (toy_text's FrozenLake, Taxi): as one number it
-        # carries no features to generalize over; agents would need a one-hot.
-        return (
-            f"{env_id} observes one integer state out of {int(space.n)} (a Discrete space, "
-            "tabular); gorila-jax agents take an array of features"
-        )
-    if kind == "actions" and not hasattr(space, "n"):
-        if not np.issubdtype(space.dtype, np.floating):
-            return f"{env_id} has {np.dtype(space.dtype).name} Box actions; agents take float ones"
-        if len(space.shape) != 1:
-            return f"{env_id} has Box actions of shape {space.shape}; agents take flat (A,) ones"
-    return None
-
-
-def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
-    """The spec of `env_id` without building the environment.
-
-    Raises:
-      ValueError: for an unknown id, an env envpool cannot load or describe here,
-        or spaces no agent takes (saying which and why).
-    """
-    check_env_id(env_id)
-    if multiagent.is_multiagent(env_id):
-        return multiagent.env_spec(env_id)
+def _envpool_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
     _quiet_box_warnings()
     try:
         spec = _envpool().make_spec(env_id, **env_kwargs)
@@ -260,31 +147,66 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
         # The gymnasium spaces by name: envpool 0.8 (the DeepMind set) gives gym's as
         # `observation_space`, envpool 1.2 gymnasium's; both have these.
         obs_space, act_space = spec.gymnasium_observation_space, spec.gymnasium_action_space
-        problems = [
-            _space_problem(env_id, "observations", obs_space),
-            _space_problem(env_id, "actions", act_space),
-        ]
+        return env_api.spec_from_spaces(env_id, obs_space, act_space, spec.config.max_episode_steps)
     except TypeError as error:  # envpool 1.2 fails on some dm_control, Jumanji and pgx specs
         raise ValueError(f"{env_id}: envpool cannot describe its spaces ({error})") from None
-    if any(problems):
-        raise ValueError(next(problem for problem in problems if problem))
-    discrete = hasattr(act_space, "n")
-    if isinstance(obs_space, gymnasium.spaces.Dict):  # flattened, as `make_env`'s envs hand it
-        observation_shape, observation_dtype = _flat_shape(obs_space), FLAT_DTYPE
-    else:
-        observation_shape = tuple(obs_space.shape)
-        observation_dtype = np.dtype(obs_space.dtype).name
-    return types.EnvSpec(
-        env_id=env_id,
-        observation_shape=observation_shape,
-        observation_dtype=observation_dtype,
-        action_shape=() if discrete else tuple(act_space.shape),
-        action_dtype="int32" if discrete else np.dtype(act_space.dtype).name,
-        num_actions=int(act_space.n) if discrete else 0,
-        action_low=() if discrete else tuple(float(x) for x in act_space.low),
-        action_high=() if discrete else tuple(float(x) for x in act_space.high),
-        max_episode_steps=int(spec.config.max_episode_steps),
-    )
+
+
+def _make_envpool_env(
+    env_id: str, num_envs: int, seed: int, evaluation: bool = False, **env_kwargs: Any
+) -> env_api.VectorEnv:
+    _quiet_box_warnings()
+    options = {**preprocessing(env_id, evaluation), **env_kwargs}
+    env = _envpool().make(env_id, env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
+    space = env.observation_space
+    if isinstance(space, gymnasium.spaces.Dict) and env_api.dict_problem(space) is None:
+        return FlatDictObservations(env)
+    return env
+
+
+def _make_mpe_env(
+    env_id: str, num_envs: int, seed: int, evaluation: bool = False, **env_kwargs: Any
+) -> env_api.VectorEnv:
+    # Preprocessing and the thread pool are envpool's; the rest go to the task.
+    env_kwargs.pop("num_threads", None)
+    return multiagent.RoleEnv(env_id, num_envs, seed, **env_kwargs)
+
+
+# The families by the prefix of their ids; envpool's ids have none, so it comes last.
+FAMILIES = (
+    env_api.EnvFamily(
+        "mpe2 (several agents)",
+        multiagent.is_multiagent,
+        multiagent.check_env_id,
+        lambda env_id, **_: multiagent.env_spec(env_id),
+        _make_mpe_env,
+    ),
+    gym_envs.FAMILY,
+    env_api.EnvFamily(
+        "envpool", lambda env_id: True, _check_envpool_id, _envpool_spec, _make_envpool_env
+    ),
+)
+
+
+def family(env_id: str) -> env_api.EnvFamily:
+    """The family whose id `env_id` is."""
+    return next(candidate for candidate in FAMILIES if candidate.owns(env_id))
+
+
+def check_env_id(env_id: str) -> None:
+    """Raises ValueError naming close matches if `env_id`'s family does not know it."""
+    family(env_id).check_env_id(env_id)
+
+
+def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
+    """The spec of `env_id` without building the environment.
+
+    Raises:
+      ValueError: for an unknown id, an env its family cannot load or describe here,
+        or spaces no agent takes (saying which and why).
+    """
+    check_env_id(env_id)
+    return family(env_id).env_spec(env_id, **env_kwargs)
 
 
 def uniform_random_actions(spec: types.EnvSpec, rng: np.random.Generator, count: int):

@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from gorila_jax import types
+from gorila_jax import env_api, types
 
 PREFIX = "mpe/"
 # The task's `max_cycles`, mpe2's default: every episode ends (truncated) after it.
@@ -40,6 +40,11 @@ def known_env_ids() -> tuple[str, ...]:
     from mpe2 import all_modules  # noqa: PLC0415  only runs that ask for MPE import it
 
     return tuple(sorted(all_modules.mpe_environments))
+
+
+def check_env_id(env_id: str) -> None:
+    """Raises ValueError naming close matches if mpe2 has no task `env_id`."""
+    env_api.check_known(env_id, known_env_ids(), "python -m launch.train --list_envs lists them")
 
 
 def role_of(agent: str) -> str:

@@ -350,6 +350,11 @@ def env_lines() -> list[str]:
         # Env ids have hyphens (CartPole-v1), which textwrap breaks at by default.
         wrapped = textwrap.wrap(" ".join(ids), 96, break_on_hyphens=False, **indent)
         lines.extend(wrapped)
+    # Gymnasium's registry is open (a user's module adds to it): said, not listed.
+    lines.append(
+        "gymnasium | any registered Gymnasium env as gym:<id> (gym:CartPole-v1), or "
+        "gym:<module>:<id> to import the module that registers it (docs/environments.md)"
+    )
     return lines
 
 

@@ -41,6 +41,8 @@ LAYERS = (
         "parallel",
         "precision",
         "envs",
+        "env_api",
+        "gym_envs",
         "multiagent",
         "metrics",
         "curves",

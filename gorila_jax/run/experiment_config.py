@@ -29,8 +29,9 @@ class ExperimentConfig:
     env_id: str = setting(
         "CartPole-v1",
         "run",
-        "envpool task id, or mpe/<task> (docs/multiagent.md); --list_envs lists them, and an "
-        "unknown id fails at once with its close matches.",
+        "envpool task id, mpe/<task>, or any registered Gymnasium env as gym:<id> "
+        "(docs/environments.md); --list_envs lists them, and an unknown id fails at once "
+        "with its close matches.",
         flag="env",
     )
     total_env_steps: int = setting(

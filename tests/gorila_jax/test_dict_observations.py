@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from gorila_jax import envs
+from gorila_jax import env_api, envs
 from gorila_jax.acting import actor, evaluation
 
 
@@ -147,14 +147,14 @@ def test_int_and_bool_boxes_are_flattened_uint8_ones_are_not():
     numbers = gymnasium.spaces.Dict(
         {"b": box(-1, 1, (2, 2), np.int32), "a": box(0, 1, (3,), np.bool_)}
     )
-    assert envs._space_problem("X", "observations", numbers) is None
-    flat = envs.flatten_observations(
-        {"b": np.arange(8).reshape(2, 2, 2), "a": np.ones((2, 3), bool)}, envs.flat_keys(numbers)
+    assert env_api.space_problem("X", "observations", numbers) is None
+    flat = env_api.flatten_observations(
+        {"b": np.arange(8).reshape(2, 2, 2), "a": np.ones((2, 3), bool)}, env_api.flat_keys(numbers)
     )
     assert flat.dtype == np.float32
     np.testing.assert_array_equal(flat, [[1, 1, 1, 0, 1, 2, 3], [1, 1, 1, 4, 5, 6, 7]])
     text = gymnasium.spaces.Dict({"mission": box(0, 255, (96,), np.uint8)})
-    assert "'mission' is a uint8 Box [96]" in envs._space_problem("X", "observations", text)
+    assert "'mission' is a uint8 Box [96]" in env_api.space_problem("X", "observations", text)
     # Dict actions stay refused: agents act with one array.
-    problem = envs._space_problem("X", "actions", numbers)
+    problem = env_api.space_problem("X", "actions", numbers)
     assert problem == "X has dict actions (a, b); gorila-jax agents take one array"  # sorted

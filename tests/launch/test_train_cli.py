@@ -339,6 +339,8 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
     )
     listed = [env_id for ids in env_groups.values() for env_id in ids]
     assert sorted(listed) == sorted([*train.envpool.list_all_envs(), *multiagent.known_env_ids()])
+    gymnasium_line = "gymnasium | any registered Gymnasium env"
+    assert any(header.startswith(gymnasium_line) for header in env_groups)
 
 
 def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
