@@ -243,13 +243,13 @@ def make_builders(config: Any) -> Any:
     return presets.AGENTS[_AGENT.value].builder(config)
 
 
-def check_configs(builder, exp_config: experiment.ExperimentConfig) -> None:
+def check_configs(builder, exp_config: experiment.ExperimentConfig) -> experiment.CheckedRun:
     """Everything a run checks before it starts a node (`experiment.check_run`).
 
     Raises:
       ValueError: naming the setting at fault.
     """
-    experiment.check_run(builder, exp_config, presets.agents_taking_demos())
+    return experiment.check_run(builder, exp_config, presets.agents_taking_demos())
 
 
 def preset_lines() -> list[str]:
@@ -369,8 +369,7 @@ def main(argv: list[str]) -> None:
         return
     try:
         config, exp_config, schedule_lines = _configs_and_schedules()
-        builder = make_builders(config)
-        check_configs(builder, exp_config)
+        checked = check_configs(make_builders(config), exp_config)
     except ValueError as error:
         _refuse(error)
     for line in schedule_lines:  # the run's first lines: what a budget's change changed
@@ -383,7 +382,7 @@ def main(argv: list[str]) -> None:
                 print(
                     f"gorila-jax: third-party logs go to {path} (--verbose shows them)", flush=True
                 )
-            summary = experiment.run_experiment(builder, exp_config)
+            summary = experiment.run_checked(checked)
     except KeyboardInterrupt as stop:
         # The run already checkpointed and said how to continue; no traceback. The shell's
         # codes: 128 + the signal's number.

@@ -46,7 +46,7 @@ KNOWN_LEFTOVER_THREADS = {
     # test_a_shard_restarted_at_another_address_is_sampled_again: the shard's puller,
     # abandoned on the server the test stopped, stays blocked in Reverb for good
     # (gorila_jax/replay/sharded.py, `_ShardStream.close`).
-    "tests.gorila_jax.test_sharded_replay": ("replay-shard-",),
+    "tests.gorila_jax.replay.test_sharded_replay": ("replay-shard-",),
 }
 
 

@@ -15,16 +15,16 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../launch/setup_env.sh"
 if [ "${DEEPMIND:-0}" = "1" ]; then
   python -m pytest -n 2 --dist loadfile -ra --durations=10 -m "not extended" \
-    tests/gorila_jax/test_replay_contract.py tests/gorila_jax/test_replay.py \
-    tests/gorila_jax/test_launchpad_launcher.py tests/launch/test_train_cli.py \
+    tests/gorila_jax/replay/test_replay_contract.py tests/gorila_jax/replay/test_replay.py \
+    tests/gorila_jax/distributed/test_launchpad_launcher.py tests/launch/test_train_cli.py \
     tests/agents/dqn/test_learning.py tests/test_compat.py \
     "tests/test_end_to_end.py::test_dqn_solves_cartpole_and_holds_it_to_the_end_of_its_budget[reverb]" \
     "$@"
   # The Reverb cases of files whose other cases the default set runs.
   exec python -m pytest -n 2 --dist loadfile -ra --durations=5 -m "reverb and not extended" \
-    tests/gorila_jax/test_sharded_replay.py tests/gorila_jax/test_tiered_replay.py \
-    tests/gorila_jax/test_hard_inputs.py tests/gorila_jax/test_writers.py \
-    tests/gorila_jax/test_compact_replay.py tests/gorila_jax/test_fault_numeric.py "$@"
+    tests/gorila_jax/replay/test_sharded_replay.py tests/gorila_jax/replay/test_tiered_replay.py \
+    tests/gorila_jax/run/test_hard_inputs.py tests/gorila_jax/replay/test_writers.py \
+    tests/gorila_jax/replay/test_compact_replay.py tests/gorila_jax/learning/test_fault_numeric.py "$@"
 fi
 ruff check gorila_jax agents launch tests bench
 # A bound on each session (docs/testing.md): a session whose xdist worker lost its

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests import REPO
+
 SCRIPT = os.path.join(REPO, "bench", "gpu_check.sh")
 
 

@@ -10,9 +10,9 @@ import textwrap
 
 import psutil
 
+from tests import REPO
 from tests import conftest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The check of the real suite, without its other fixtures and jax setup.
 CONFTEST = "from tests.conftest import no_thread_or_child_process_outlives_its_module  # noqa\n"

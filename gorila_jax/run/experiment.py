@@ -39,9 +39,12 @@ __all__ = [
     "NO_UPDATE",
     "ExperimentConfig",
     "Terminated",
+    "CheckedRun",
     "add_actor",
     "make_program",
     "remove_actor",
+    "check_run",
+    "run_checked",
     "run_experiment",
 ]
 
@@ -463,12 +466,26 @@ def _write_curves(logdir: str) -> None:
         logging.warning("curves.png not written into %s", logdir, exc_info=True)
 
 
+@dataclasses.dataclass(frozen=True)
+class CheckedRun:
+    """A run whose settings `check_run` accepted: what `run_checked` runs, so that a
+    caller that refuses bad input before it does anything else (launch/train.py) and
+    the run check once."""
+
+    builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder]
+    cfg: ExperimentConfig
+
+
 def check_run(
     builder: builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder],
     cfg: ExperimentConfig,
     agents_taking_demos: tuple[str, ...] = (),
-) -> None:
+) -> CheckedRun:
     """Everything a run checks before it changes its logdir or starts a node.
+
+    Args:
+      agents_taking_demos: the agents a refused `--demos` names as those that take
+        them (the registry is launch/'s, above this layer).
 
     Raises:
       ValueError: naming the setting at fault.
@@ -479,6 +496,7 @@ def check_run(
         role_program.check_run(_role_builders(builder, roles), cfg)
     else:
         wiring.check_program(builder, cfg, envs.env_spec(cfg.env_id), agents_taking_demos)
+    return CheckedRun(builder, cfg)
 
 
 def _role_builders(
@@ -493,6 +511,15 @@ def run_experiment(
     cfg: ExperimentConfig,
     **launcher_options: Any,
 ) -> dict[str, Any]:
+    """`run_checked(check_run(builder, cfg))`: checks the settings, then runs.
+
+    Raises:
+      ValueError: a setting that cannot work (`check_run`), before anything changes.
+    """
+    return run_checked(check_run(builder, cfg), **launcher_options)
+
+
+def run_checked(checked: CheckedRun, **launcher_options: Any) -> dict[str, Any]:
     """Runs the program until a stop condition, evaluates, and writes summary.json.
 
     Ctrl-C or SIGTERM stop the run the same way (final checkpoint included),
@@ -512,10 +539,9 @@ def run_experiment(
       The summary: counters, rates, final greedy evaluation, evaluation history.
 
     Raises:
-      ValueError: a setting that cannot work (`check_run`), before anything changes.
       logdir.LogdirInUse: another run holds `cfg.logdir`.
     """
-    check_run(builder, cfg)
+    builder, cfg = checked.builder, checked.cfg
     with logdir_lib.hold(cfg.logdir):
         previous = None if cfg.resume else logdir_lib.set_aside(cfg.logdir)
         try:

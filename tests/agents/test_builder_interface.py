@@ -10,7 +10,6 @@ import dataclasses
 import inspect
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -20,7 +19,8 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import envs
 from launch import presets
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
 AGENT_NAMES = sorted(presets.AGENTS)
 # The first of these an agent accepts is the one its smoke run uses.
 SMOKE_ENVS = ("CartPole-v1", "Pendulum-v1")

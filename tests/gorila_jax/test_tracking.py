@@ -13,12 +13,12 @@ import pytest
 
 from agents import dqn
 from gorila_jax import tracking
-from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
+from tests import REPO
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
 
 wandb = pytest.importorskip("wandb", reason="wandb is the default set's")
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRACKED = dict(wandb_project="gorila-jax-test", wandb_mode="offline", wandb_tags="ci, cartpole")
 
 

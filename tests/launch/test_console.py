@@ -16,7 +16,8 @@ import pytest
 
 from gorila_jax import console, metrics
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
 # A run small enough to finish in seconds: one actor, a few thousand env steps.
 TINY_RUN = [
     "--launcher=local",

@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -17,7 +16,8 @@ from gorila_jax.acting import evaluation
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
 SPEC = envs.env_spec("CartPole-v1")
 CONFIG = dataclasses.replace(dqn.DQNConfig(), hidden_sizes=(32, 32))
 SAVED_STEP, EVAL_SEED = 123, 5

@@ -16,7 +16,8 @@ from agents import dqn
 from gorila_jax import curves, metrics, plots
 from gorila_jax.run import experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
 ENV_STEPS_PER_ROW, ENV_STEPS_PER_S = 1_000, 250.0
 EVAL_EVERY_ROWS = 2
 

@@ -3,7 +3,7 @@
 import os
 import subprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
 
 
 def _setup(tmp_path, **env):

@@ -14,7 +14,8 @@ from rliable import library, metrics
 
 from launch import stats, sweep
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
 # A CartPole run that is over in seconds once started: the statistics, not the learning, are
 # under test here.
 TINY_RUN = [

@@ -18,7 +18,7 @@ from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from launch import presets, train
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
 
 
 def _train(logdir: str, *flags: str) -> subprocess.CompletedProcess:

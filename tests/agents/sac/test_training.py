@@ -3,7 +3,6 @@
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ from agents import sac
 from gorila_jax.run import experiment
 from launch import presets
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from tests import REPO
 
 
 def test_launch_train_runs_sac_on_a_mujoco_env(tmp_path):

@@ -12,7 +12,7 @@ from gorila_jax import parallel
 from gorila_jax.distributed import launchers
 from gorila_jax.learning import step as step_lib
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
-from tests.gorila_jax import test_nodes
+from tests.gorila_jax.acting import test_nodes
 
 
 def test_the_batch_doubles_from_256_to_1024_in_even_steps():

@@ -9,7 +9,7 @@ import pytest
 
 from gorila_jax import replay
 from tests.backends import BACKENDS, needs_reverb
-from tests.gorila_jax.test_sharded_replay import CODEC, EXPONENT, TABLE, _fill
+from tests.gorila_jax.replay.test_sharded_replay import CODEC, EXPONENT, TABLE, _fill
 
 HOT = 50
 INDEX, PRIORITY = 1, 2  # the columns of `_fill`'s items (shard 0 here)

@@ -14,7 +14,7 @@ from agents import dqn, ppo, sac
 from agents.dqn import learning as dqn_learning
 from gorila_jax import demonstrations, envs, replay
 from gorila_jax.learning import learner
-from tests.gorila_jax.test_balance import random_transitions
+from tests.gorila_jax.health.test_balance import random_transitions
 from tests.backends import DefaultReplayNode, sampled_items
 
 CARTPOLE = envs.env_spec("CartPole-v1")

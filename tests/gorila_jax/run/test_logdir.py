@@ -14,10 +14,10 @@ from agents import dqn
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from gorila_jax.run import logdir as logdir_lib
+from tests import REPO
 from tests import fakes
-from tests.gorila_jax.test_checkpoint import CONFIG, _experiment, _fake_run
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment, _fake_run
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _HOLDER = """
 import sys, time

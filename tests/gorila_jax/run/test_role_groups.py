@@ -20,7 +20,7 @@ from gorila_jax.run import experiment, role_program
 from launch import presets, sweep, sweep_runs
 from tests import fakes
 from tests.launch import test_train_cli
-from tests.gorila_jax.test_fault_nodes import (
+from tests.gorila_jax.health.test_fault_nodes import (
     _RAY_SETTINGS,
     _START_UP_TIMEOUT_S,
     _node_status,

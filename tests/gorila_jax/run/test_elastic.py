@@ -19,8 +19,13 @@ from gorila_jax.health import monitor
 from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.run import elastic, experiment, wiring
 from tests import fakes
-from tests.gorila_jax.test_checkpoint import CONFIG, SPEC, _experiment
-from tests.gorila_jax.test_fault_nodes import _RAY_SETTINGS, _env_steps, _node_status, _run_with
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, SPEC, _experiment
+from tests.gorila_jax.health.test_fault_nodes import (
+    _RAY_SETTINGS,
+    _env_steps,
+    _node_status,
+    _run_with,
+)
 
 # ---------------------------------------------------------------- launchers
 

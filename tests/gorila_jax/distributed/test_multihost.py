@@ -2,7 +2,7 @@
 give the same DQN update as one process with 4 devices on the same global batch, and
 a checkpoint that the chief alone saves restores bit for bit in both processes.
 
-The file is also the child program: `python -m tests.gorila_jax.test_multihost
+The file is also the child program: `python -m tests.gorila_jax.distributed.test_multihost
 --process_id=...` is one learner process of the job the test starts.
 """
 
@@ -26,6 +26,8 @@ from gorila_jax.distributed import multihost
 from gorila_jax.learning import checkpoint, multihost_learner
 from gorila_jax.learning import step as step_lib
 
+from tests import REPO
+
 ENV_ID = "CartPole-v1"
 SEED = 5
 NUM_PROCESSES = 2
@@ -39,7 +41,6 @@ CONFIG = dataclasses.replace(
     target_update_period=2,  # a target copy happens within the compared updates
     importance_exponent_anneal_steps=100,
 )
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _cartpole_batches(seed: int, num_batches: int, size: int) -> list[builder_lib.SampledBatch]:
@@ -204,7 +205,7 @@ def two_process_run(tmp_path_factory):
             [
                 sys.executable,
                 "-m",
-                "tests.gorila_jax.test_multihost",
+                "tests.gorila_jax.distributed.test_multihost",
                 f"--process_id={i}",
                 f"--coordinator={coordinator}",
                 f"--batches={batches_path}",

@@ -16,7 +16,7 @@ from gorila_jax.learning import step as step_lib
 from gorila_jax.run import experiment, wiring
 from tests import fakes
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
-from tests.gorila_jax import test_nodes
+from tests.gorila_jax.acting import test_nodes
 from tests.backends import first_batch
 
 UPDATES = 4

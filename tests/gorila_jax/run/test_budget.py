@@ -12,7 +12,7 @@ import pytest
 from agents import dqn, ppo
 from gorila_jax.acting import actor
 from gorila_jax.run import budget, experiment
-from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
 
 
 @pytest.mark.parametrize(

@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("launchpad", reason="the DeepMind set only: DEEPMIND=1 bash tests/run.sh")
 
 from gorila_jax.distributed import launchers, program  # noqa: E402
+from tests import REPO
 from tests import fakes  # noqa: E402
 
 LAUNCH_TYPES = ["local_mt", "local_mp"]
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _launch(graph, launch_type, tmp_path):

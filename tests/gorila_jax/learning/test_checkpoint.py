@@ -22,6 +22,7 @@ from gorila_jax import envs, replay, types
 from gorila_jax.distributed import launchers
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
+from tests import REPO
 from tests import fakes
 from tests.backends import DefaultReplayNode
 
@@ -317,7 +318,7 @@ def test_a_signal_stops_the_run_cleanly_after_a_final_checkpoint(tmp_path, signa
         "--config.batch_size=32",
         "--config.min_replay_size=200",
     ]
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    repo = REPO
     # A file, not a pipe nobody reads while the run goes on: a full pipe would
     # block the run's prints, and the output is there to show if it fails.
     log = tmp_path / "train.log"

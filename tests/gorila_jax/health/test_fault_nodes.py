@@ -23,7 +23,7 @@ from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from tests import fakes
-from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _csv_rows, _experiment
 
 # ---------------------------------------------------------------- the supervisor's rules
 

@@ -19,7 +19,7 @@ from gorila_jax.learning import checkpoint, sync_learner
 from gorila_jax.learning import step as step_lib
 from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
-from tests.gorila_jax.test_fault_numeric import _nan_batch
+from tests.gorila_jax.learning.test_fault_numeric import _nan_batch
 from tests.backends import DefaultReplayNode
 
 SPEC = envs.env_spec("CartPole-v1")

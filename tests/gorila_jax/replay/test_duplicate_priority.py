@@ -9,7 +9,7 @@ import pytest
 from agents import dqn
 from gorila_jax import envs, replay
 from tests.backends import sampled_items
-from tests.gorila_jax.test_balance import learner_on_a_dqn_table, random_transitions
+from tests.gorila_jax.health.test_balance import learner_on_a_dqn_table, random_transitions
 
 BONUS = 100.0  # far above |TD error| of these transitions (rewards ~ N(0, 1)): easy to read
 CONFIG = dataclasses.replace(

@@ -21,9 +21,9 @@ from gorila_jax.learning import learner
 from gorila_jax.run import elastic, experiment, wiring
 from tests.backends import DefaultReplayNode
 from tests import fakes
-from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
-from tests.gorila_jax.test_elastic import _Actors
-from tests.gorila_jax.test_fault_nodes import _run_with
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
+from tests.gorila_jax.run.test_elastic import _Actors
+from tests.gorila_jax.health.test_fault_nodes import _run_with
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,11 @@ from gorila_jax.distributed import placement, program
 from gorila_jax.health import monitor
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
+from tests import REPO
 from tests import fakes
-from tests.gorila_jax.test_placement import placed_nodes
-from tests.gorila_jax.test_sharded_replay import saved_shard_use
+from tests.gorila_jax.distributed.test_placement import placed_nodes
+from tests.gorila_jax.replay.test_sharded_replay import saved_shard_use
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SPEC = envs.env_spec("CartPole-v1")
 PARAM_VALUES = 250  # float32: 1000 bytes per version
 PARAM_BYTES = 4 * PARAM_VALUES

@@ -3,7 +3,7 @@ processes (jax.distributed over loopback, gloo), each sampling its share from a 
 its own; after `max_nonfinite_steps` non-finite updates in a row both return to the
 chief's checkpoint, with the learning-rate scale lowered, after the same update.
 
-The file is also the child program: `python -m tests.gorila_jax.test_multihost_rollback
+The file is also the child program: `python -m tests.gorila_jax.learning.test_multihost_rollback
 --process_id=...` is one learner process.
 """
 
@@ -25,14 +25,14 @@ from agents import dqn
 from gorila_jax import parallel
 from gorila_jax.distributed import multihost
 from gorila_jax.learning import multihost_learner
-from tests.gorila_jax.test_fault_numeric import CONFIG, _fill, _NanBatches
+from tests import REPO
+from tests.gorila_jax.learning.test_fault_numeric import CONFIG, _fill, _NanBatches
 from tests.agents.dqn.test_learning import SPEC
 from tests.backends import DefaultReplayNode
 
 NUM_PROCESSES = 2
 DEVICES_PER_PROCESS = 2
 MAX_NONFINITE_STEPS = 2
-REPO = pathlib.Path(__file__).resolve().parent.parent.parent
 
 
 class _FileRendezvous:
@@ -127,7 +127,7 @@ def _child_main(argv: list[str]) -> None:
 def test_both_processes_roll_back_to_the_chiefs_checkpoint_after_the_same_update(tmp_path):
     env = multihost.cpu_device_env(DEVICES_PER_PROCESS)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "tests.gorila_jax.test_multihost_rollback"]
+    command = [sys.executable, "-m", "tests.gorila_jax.learning.test_multihost_rollback"]
     children = [
         subprocess.Popen(
             [*command, f"--process_id={i}", f"--dir={tmp_path}"],

@@ -12,8 +12,8 @@ from agents import dqn
 from gorila_jax import replay
 from gorila_jax.learning import checkpoint
 from tests import fakes
-from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
-from tests.gorila_jax.test_fault_nodes import (
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
+from tests.gorila_jax.health.test_fault_nodes import (
     _RAY_SETTINGS,
     _START_UP_TIMEOUT_S,
     _node_status,

@@ -20,8 +20,8 @@ from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint, sync_learner
 from gorila_jax.run import experiment
 from tests import fakes
-from tests.gorila_jax.test_checkpoint import CONFIG, _csv_rows, _experiment
-from tests.gorila_jax.test_fault_nodes import (
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _csv_rows, _experiment
+from tests.gorila_jax.health.test_fault_nodes import (
     _Clock,
     _FakeMonitor,
     _FakeRunning,
@@ -29,7 +29,7 @@ from tests.gorila_jax.test_fault_nodes import (
     _node_status,
     _run_with,
 )
-from tests.gorila_jax.test_sharded_replay import saved_shard_use
+from tests.gorila_jax.replay.test_sharded_replay import saved_shard_use
 
 DEVICES_PER_PROCESS = 2
 

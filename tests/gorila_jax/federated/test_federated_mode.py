@@ -17,8 +17,8 @@ from gorila_jax import envs
 from gorila_jax.federated import nodes as federated_nodes
 from gorila_jax.run import experiment
 from tests import fakes
-from tests.gorila_jax.test_checkpoint import CONFIG, _experiment
-from tests.gorila_jax.test_fault_nodes import (
+from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
+from tests.gorila_jax.health.test_fault_nodes import (
     _RAY_SETTINGS,
     _START_UP_TIMEOUT_S,
     _node_status,

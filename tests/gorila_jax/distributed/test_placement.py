@@ -1,14 +1,14 @@
 """Placement on a simulated 3-node Ray cluster: learners spread, replay and actors packed,
 custom resources honoured, impossible requests refused at once with the group's name."""
 
-import os
 import time
 
 import pytest
 
 from gorila_jax.distributed import placement, program
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
 # Logical resources of the simulated nodes; one machine runs them all.
 NODE_CPUS = 2
 TPU_CHIPS = 4

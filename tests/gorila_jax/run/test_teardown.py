@@ -23,7 +23,8 @@ import pytest
 from agents import dqn
 from gorila_jax.run import experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests import REPO
+
 
 CONFIG = dataclasses.replace(
     dqn.DQNConfig(),
@@ -119,7 +120,7 @@ def _launch_train(logdir) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_runs_tear_down_and_exit_cleanly_while_another_process_keeps_the_cpu_busy(tmp_path):
     loop_code = (
-        "from tests.gorila_jax import test_teardown as t; "
+        "from tests.gorila_jax.run import test_teardown as t; "
         f"t.teardown_loop({str(tmp_path / 'loop')!r}, {LOOP_RUNS})"
     )
     with _busy_cpu():
