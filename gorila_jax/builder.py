@@ -1,11 +1,15 @@
 """The one contract between an agent and the skeleton.
 
 The skeleton (actor, learner, replay, evaluator, experiment) calls only what
-`AgentBuilder` declares and never branches on which agent it runs.
+`AgentBuilder` declares and never branches on which agent it runs. What only some
+agents can do is a capability of its own, a protocol the skeleton checks with
+`isinstance` (through the functions below it): `GorilaCapable` (Gorila mode's
+parameter-server shards), `LearnsFromDemonstrations`, `TieredReplay` and
+`CountsDuplicates`. An agent without one simply lacks its members.
 """
 
 import threading
-from typing import Any, Callable, NamedTuple, Protocol, Sequence
+from typing import Any, Callable, NamedTuple, Protocol, Sequence, runtime_checkable
 
 import jax
 
@@ -159,20 +163,6 @@ class AgentBuilder(Protocol):
     def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         """How one item of the sampled table is packed (actors) and unpacked (learner)."""
 
-    def duplicate_counter(self) -> replay.DuplicateCounter | None:
-        """What adds eps * sqrt(N) to the new priority of a transition N actors wrote
-        (duplicate-aware priority); None: off, as for every agent without priorities."""
-
-    @property
-    def demo_fraction(self) -> float | None:
-        """The share of every learner batch drawn from demonstrations (`replay.MixedSampler`):
-        0 without them; None for an agent that cannot learn from them (on-policy PPO)."""
-
-    @property
-    def replay_tiers(self) -> tuple[int, int] | None:
-        """(hot, cold) items of its sampled table when tiered (`replay.Tiering`: the newest
-        in memory, older ones on disk); None: all in memory, always for on-policy agents."""
-
     def replay_tables(self, spec: types.EnvSpec) -> Sequence[replay.TableSpec]:
         """The tables the agent's items go to, declared for the whole replay; any backend
         builds them (`gorila_jax/replay/api.py`)."""
@@ -205,9 +195,20 @@ class AgentBuilder(Protocol):
         """`state` with `params` (shaped as `trainable_params(state)`) in their place and
         nothing else changed; jittable, called inside the learner step."""
 
-    # Gorila mode: parameter-server shards own the trainable parameters and
-    # apply the agent's elementwise optimizer to their slices; gradient
-    # workers keep the rest of the state (targets, counters) themselves.
+    def make_policy(
+        self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
+    ) -> Policy: ...
+
+
+# ---------------------------------------------------------------- capabilities
+
+
+@runtime_checkable
+class GorilaCapable(Protocol):
+    """An agent that runs in Gorila mode (`--learner_mode=gorila`): parameter-server
+    shards own its trainable parameters and apply its elementwise optimizer to their
+    slices; gradient workers keep the rest of the state (targets, counters). Its
+    `update_fns` also give `compute_grads` and `apply_grads`."""
 
     def shard_optimizer(self) -> Any:
         """The optax optimizer a shard applies to its slice (must be elementwise)."""
@@ -215,6 +216,47 @@ class AgentBuilder(Protocol):
     def with_params(self, state: Any, params: types.Params, step: int) -> Any:
         """A worker's state on parameters pulled from the shards at global update `step`."""
 
-    def make_policy(
-        self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
-    ) -> Policy: ...
+
+@runtime_checkable
+class LearnsFromDemonstrations(Protocol):
+    """An agent that can learn from recorded episodes (`--demos`): off-policy."""
+
+    @property
+    def demo_fraction(self) -> float:
+        """The share of every learner batch drawn from demonstrations
+        (`replay.MixedSampler`); 0 without them."""
+
+
+@runtime_checkable
+class TieredReplay(Protocol):
+    """An agent whose sampled table can keep its older items on disk."""
+
+    @property
+    def replay_tiers(self) -> tuple[int, int] | None:
+        """(hot, cold) items of its sampled table when tiered (`replay.Tiering`: the newest
+        in memory, older ones on disk); None: all in memory."""
+
+
+@runtime_checkable
+class CountsDuplicates(Protocol):
+    """An agent with prioritized replay that can raise the priority of a transition
+    several actors wrote (duplicate-aware priority)."""
+
+    def duplicate_counter(self) -> replay.DuplicateCounter | None:
+        """What adds eps * sqrt(N) to the new priority of a transition N actors wrote;
+        None: off."""
+
+
+def demo_fraction(builder: AgentBuilder) -> float | None:
+    """The agent's share of demonstrations in a batch; None: it cannot learn from them."""
+    return builder.demo_fraction if isinstance(builder, LearnsFromDemonstrations) else None
+
+
+def replay_tiers(builder: AgentBuilder) -> tuple[int, int] | None:
+    """The agent's (hot, cold) replay tiers; None: all in memory (also when it cannot tier)."""
+    return builder.replay_tiers if isinstance(builder, TieredReplay) else None
+
+
+def duplicate_counter(builder: AgentBuilder) -> replay.DuplicateCounter | None:
+    """The agent's duplicate counter; None: off, or an agent without priorities."""
+    return builder.duplicate_counter() if isinstance(builder, CountsDuplicates) else None

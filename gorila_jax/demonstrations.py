@@ -210,7 +210,7 @@ def check_run(
         demonstrations (naming `agents_that_can`), or a directory whose first
         episode does not fit the env.
     """
-    fraction = builder.demo_fraction
+    fraction = builder_lib.demo_fraction(builder)
     if demo_dir and fraction is None:
         can = f"; agents that can: {', '.join(agents_that_can)}" if agents_that_can else ""
         raise ValueError(

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from agents import dqn, ppo, qrdqn, sac
+from gorila_jax import builder as builder_lib
 from gorila_jax import envs, types
 from gorila_jax.learning import checkpoint
 from launch import dqn_presets, families, ppo_presets, qrdqn_presets, sac_presets
@@ -147,12 +148,12 @@ NAMES = ("auto", *dict.fromkeys(name for agent in AGENTS.values() for name in ag
 
 
 def agents_taking_demos() -> tuple[str, ...]:
-    """The agents that can learn from demonstrations (`--demos`): their builder's
-    `demo_fraction` is a number, not None."""
+    """The agents that can learn from demonstrations (`--demos`): their builder is
+    `builder.LearnsFromDemonstrations`."""
     return tuple(
         name
         for name, agent in AGENTS.items()
-        if agent.builder(agent.config()).demo_fraction is not None
+        if isinstance(agent.builder(agent.config()), builder_lib.LearnsFromDemonstrations)
     )
 
 

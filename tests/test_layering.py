@@ -1,16 +1,13 @@
-"""The seams: the skeleton knows no agent, its folders import only downward, no module
-of the project imports itself through others, and every registered agent fills the whole
-builder contract."""
+"""The seams: the skeleton knows no agent, its folders import only downward, and no module
+of the project imports itself through others. (Every registered agent's contract:
+tests/agents/test_builder_interface.py.)"""
 
 import ast
-import inspect
 import pathlib
 
 import pytest
 
-from gorila_jax import builder as builder_lib
 from gorila_jax import replay
-from launch import presets
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -196,24 +193,6 @@ def test_skeleton_never_names_an_agent():
             assert f'"{agent}"' not in code and f"'{agent}'" not in code, (
                 f"{path.relative_to(REPO)} branches on the agent name {agent!r}"
             )
-
-
-@pytest.mark.parametrize("agent", sorted(presets.AGENTS))
-def test_every_registered_agent_implements_the_whole_contract(agent):
-    """Each `--agent` builder has every member of `AgentBuilder`, and each method takes
-    the contract's parameters by the contract's names (the skeleton passes them so)."""
-    registered = presets.AGENTS[agent]
-    builder = registered.builder(registered.config())
-    for name, member in inspect.getmembers(builder_lib.AgentBuilder):
-        if name.startswith("_"):
-            continue
-        assert hasattr(builder, name), f"{agent}'s builder lacks {name}"
-        if inspect.isfunction(member):
-            wanted = list(inspect.signature(member).parameters)[1:]  # without self
-            has = list(inspect.signature(getattr(builder, name)).parameters)
-            assert has[: len(wanted)] == wanted, f"{agent}.{name}{has} is not the contract's"
-    missing = set(builder_lib.AgentBuilder.__annotations__) - set(dir(builder))
-    assert not missing, f"{agent}'s builder lacks {missing}"
 
 
 # ---------------------------------------------------------------- import cycles

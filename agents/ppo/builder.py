@@ -67,17 +67,6 @@ class PPOBuilder:
         )
         return replay.ItemCodec(example)
 
-    def duplicate_counter(self) -> None:
-        return None  # a FIFO queue: no priorities
-
-    @property
-    def demo_fraction(self) -> None:
-        return None  # on-policy: it learns from its own policy's steps only
-
-    @property
-    def replay_tiers(self) -> None:
-        return None  # on-policy: no old items to keep
-
     def env_steps_before_first_update(self) -> tuple[int, str]:
         cfg = self.config
         return cfg.global_batch_size * cfg.trajectory_length, (
@@ -139,16 +128,6 @@ class PPOBuilder:
     ) -> learning.TrainState:
         return state._replace(params=params)
 
-    # Gorila mode needs an update made of one gradient (compute_grads/apply_grads).
-
-    def _no_gorila(self):
-        return ValueError(
-            "PPO runs with learner_mode=sync only: its learner step is several epochs of "
-            "minibatch updates, which parameter-server shards cannot apply"
-        )
-
-    def shard_optimizer(self):
-        raise self._no_gorila()
-
-    def with_params(self, state: learning.TrainState, params: types.Params, step: int):
-        raise self._no_gorila()
+    # Not `builder.GorilaCapable`: PPO runs with learner_mode=sync only. Its learner step
+    # is several epochs of minibatch updates, which parameter-server shards cannot apply
+    # as one gradient (compute_grads/apply_grads).

@@ -63,9 +63,6 @@ class SACBuilder:
         storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
         return replay.transition_codec(obs, action, storage)
 
-    def duplicate_counter(self) -> None:
-        return None  # a uniform table: no priorities
-
     @property
     def demo_fraction(self) -> float:
         return self.config.demo_fraction
@@ -139,13 +136,6 @@ class SACBuilder:
     ) -> learning.TrainState:
         return state._replace(**params)
 
-    # Gorila mode needs (compute_grads, apply_grads) with one elementwise
-    # optimizer; SAC's update is three optimizers in sequence.
-
-    def shard_optimizer(self):
-        learning.unsupported_in_gorila_mode()
-
-    def with_params(
-        self, state: learning.TrainState, params: types.Params, step: int
-    ) -> learning.TrainState:
-        learning.unsupported_in_gorila_mode()
+    # Not `builder.GorilaCapable`: Gorila mode needs (compute_grads, apply_grads) with one
+    # elementwise optimizer; SAC's update steps three (policy, critics, temperature) in
+    # sequence, which parameter-server shards cannot apply.

@@ -17,7 +17,7 @@ actions, mapped with `to_unit_interval`.
 """
 
 import math
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -287,12 +287,3 @@ def make_update_fns(
         return new_state, builder_lib.StepInfo(priorities=None, metrics=parallel.pmean(metrics))
 
     return builder_lib.UpdateFns(compute_grads=None, apply_grads=None, update=update)
-
-
-def unsupported_in_gorila_mode(*_: Any) -> None:
-    """SAC's three optimizers have no single elementwise `apply_grads` for shards."""
-    raise ValueError(
-        "SAC runs only with learner_mode='sync': its update steps three optimizers "
-        "(policy, critics, temperature) in sequence, which Gorila's parameter-server "
-        "shards cannot apply"
-    )

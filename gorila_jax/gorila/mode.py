@@ -66,11 +66,16 @@ def progress_suffix(row: dict[str, float]) -> str:
 def check_agent(builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
     """Raises ValueError if the agent's update is not one gradient that shards can apply."""
     update_fns = builder.update_fns(spec)
-    if update_fns.compute_grads is None or update_fns.apply_grads is None:
+    if (
+        not isinstance(builder, builder_lib.GorilaCapable)
+        or update_fns.compute_grads is None
+        or update_fns.apply_grads is None
+    ):
         raise ValueError(
             f"learner_mode=gorila needs an agent whose update is one gradient "
-            f"(UpdateFns.compute_grads and apply_grads); {type(builder).__name__} gives "
-            "only a whole update step: use learner_mode=sync"
+            f"(UpdateFns.compute_grads and apply_grads) that shards can apply "
+            f"(builder.GorilaCapable); {type(builder).__name__} gives only a whole update "
+            "step: use learner_mode=sync"
         )
     if builder.updates_per_dispatch != 1:
         raise ValueError(

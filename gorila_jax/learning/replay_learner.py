@@ -68,7 +68,7 @@ class ReplayLearnerNode(program.Worker):
             )
         self._last_checkpoint_step = 0
         self._sampled = balance.SampledRows(restored_counters)
-        self._duplicates = builder.duplicate_counter()
+        self._duplicates = builder_lib.duplicate_counter(builder)
         self._prefetcher: prefetch.DevicePrefetcher | None = None
         self._tiers: replay.TierMetrics | None = None  # a tiered replay's metrics
         self._priorities: replay.PriorityUpdater | None = None
@@ -122,7 +122,7 @@ class ReplayLearnerNode(program.Worker):
             self._codec,
             self._stop_event,
             content_hashes=self._duplicates is not None,
-            demo_fraction=self._builder.demo_fraction or 0.0,
+            demo_fraction=builder_lib.demo_fraction(self._builder) or 0.0,
         )
         self._prefetcher = prefetch.DevicePrefetcher(
             make_batches, self._rows_to_sample, self._devices, self._stop_event

@@ -9,6 +9,7 @@ import dataclasses
 import os
 from typing import Any
 
+from gorila_jax import builder as builder_lib
 from gorila_jax import config_checks, envs, multiagent, replay
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
@@ -556,13 +557,13 @@ class ExperimentConfig:
             )
 
     def replay_tiering(self, builder: Any) -> replay.Tiering | None:
-        """The tiers of the agent's replay (`builder.replay_tiers`, in the cold directory);
+        """The tiers of the agent's replay (`builder_lib.replay_tiers`, in the cold directory);
         None: all in memory.
 
         Raises:
           ValueError: --replay_cold_dir for a replay that is not tiered.
         """
-        sizes = builder.replay_tiers
+        sizes = builder_lib.replay_tiers(builder)
         if sizes is None:
             cold_settings = dict(
                 replay_cold_dir=self.replay_cold_dir,

@@ -54,19 +54,37 @@ def test_the_contract_is_what_the_skeleton_calls():
         "env_steps_before_first_update",
         "item_codec",
         "replay_tables",
-        "duplicate_counter",
-        "demo_fraction",
-        "replay_tiers",
         "make_adder",
         "init_train_state",
         "update_fns",
         "actor_params",
-        "shard_optimizer",
         "trainable_params",
         "with_trainable_params",
-        "with_params",
         "make_policy",
     }
+
+
+# What each agent can do beyond the core contract (gorila_jax/builder.py's capabilities).
+CAPABILITIES = {
+    builder_lib.GorilaCapable: {"dqn", "qrdqn"},
+    builder_lib.LearnsFromDemonstrations: {"dqn", "qrdqn", "sac"},
+    builder_lib.TieredReplay: {"dqn", "qrdqn", "sac"},
+    builder_lib.CountsDuplicates: {"dqn", "qrdqn"},
+}
+
+
+@pytest.mark.parametrize("capability", list(CAPABILITIES), ids=lambda c: c.__name__)
+def test_each_agent_has_a_capability_whole_or_not_at_all(capability):
+    members = [name for name in vars(capability) if not name.startswith("_")]
+    having = set()
+    for agent in AGENT_NAMES:
+        builder = _builder(agent)
+        present = [name for name in members if hasattr(builder, name)]
+        assert present in ([], members), f"{agent} has only {present} of {capability.__name__}"
+        if present:
+            assert isinstance(builder, capability)
+            having.add(agent)
+    assert having == CAPABILITIES[capability]
 
 
 @pytest.mark.parametrize("agent", AGENT_NAMES)

@@ -15,6 +15,7 @@ from agents import ppo
 from agents.ppo import learning, networks, normalization
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
+from gorila_jax.gorila import mode
 from gorila_jax.learning import step as step_lib
 
 CARTPOLE = envs.env_spec("CartPole-v1")
@@ -326,6 +327,7 @@ def test_actors_refuse_a_different_actor_count_and_gorila_mode_is_refused():
     with pytest.raises(ValueError, match="config.num_actors=2 but the experiment runs 3 actors"):
         builder.make_policy(CARTPOLE, 0, 3, evaluation=False)
     builder.make_policy(CARTPOLE, 0, 1, evaluation=True)  # evaluation does not care
-    with pytest.raises(ValueError, match="learner_mode=sync"):
-        builder.shard_optimizer()
+    assert not isinstance(builder, builder_lib.GorilaCapable)
+    with pytest.raises(ValueError, match="PPOBuilder gives only a whole update step"):
+        mode.check_agent(builder, CARTPOLE)
     assert builder.update_fns(CARTPOLE).compute_grads is None

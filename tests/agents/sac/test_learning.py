@@ -16,6 +16,7 @@ from agents.sac import learning, policy
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
 from gorila_jax.acting import actor
+from gorila_jax.gorila import mode
 from gorila_jax.learning import step as step_lib
 
 SPEC = envs.env_spec("Pendulum-v1")  # 3 observations, 1 action in [-2, 2]
@@ -296,8 +297,9 @@ def test_discrete_envs_and_gorila_mode_are_rejected_clearly():
     builder = sac.SACBuilder(TINY)
     with pytest.raises(ValueError, match="SAC needs continuous actions"):
         builder.validate(1, envs.env_spec("CartPole-v1"))
-    with pytest.raises(ValueError, match="learner_mode='sync'"):
-        builder.shard_optimizer()
+    assert not isinstance(builder, builder_lib.GorilaCapable)
+    with pytest.raises(ValueError, match="SACBuilder gives only a whole update step"):
+        mode.check_agent(builder, envs.env_spec("Pendulum-v1"))
 
 
 def test_bf16_update_is_finite_keeps_float32_state_and_stays_close_to_fp32():
