@@ -50,7 +50,14 @@ def _groups() -> list[str]:
 def render() -> str:
     """The table, between its markers."""
     registry = flags.FLAGS
-    sections = [("what to run", registry.get_flags_for_module(train.__name__))]
+    # `--config` (and ml_collections' `--config.<field>`) is defined only when a command
+    # line is parsed, for its --agent's config: said in the prose, not in the table.
+    own = [
+        flag
+        for flag in registry.get_flags_for_module(train.__name__)
+        if flag.name != "config" and not flag.name.startswith("config.")
+    ]
+    sections = [("what to run", own)]
     sections += [
         (f"settings: {group}", registry.get_flags_for_module(f"experiment settings: {group}"))
         for group in _groups()
