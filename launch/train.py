@@ -385,7 +385,11 @@ def main(argv: list[str]) -> None:
             summary = experiment.run_checked(checked)
     except KeyboardInterrupt as stop:
         # The run already checkpointed and said how to continue; no traceback. The shell's
-        # codes: 128 + the signal's number.
+        # codes: 128 + the signal's number. A second Ctrl-C that comes while the process
+        # exits (joining threads at interpreter shutdown) would end it by the signal
+        # instead (exit -2, CI 2026-12-06): the stop is done, so it is ignored.
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, signal.SIG_IGN)
         by = signal.SIGTERM if isinstance(stop, experiment.Terminated) else signal.SIGINT
         sys.exit(128 + by)
     except (checkpoint.CheckpointError, logdir_lib.LogdirInUse, tracking.TrackingError) as error:
