@@ -15,15 +15,19 @@ def test_the_flags_table_in_the_docs_is_fresh():
 def test_the_table_is_the_same_after_a_command_line_defined_the_config_flag():
     # CI: a test of launch.train in the same process had defined --config first.
     before = flag_docs.render()
+    _forget_the_config_flag()  # another launch.train test in this process may have made it
     train._define_config_flag(["train", "--agent=dqn"])
     try:
         assert "config" in flags.FLAGS  # the flag the table leaves out is there now
         assert flag_docs.render() == before
-    finally:  # as launch/sweep.py does between two runs' flags
-        for name in [
-            name for name in flags.FLAGS if name == "config" or name.startswith("config.")
-        ]:
-            delattr(flags.FLAGS, name)
+    finally:
+        _forget_the_config_flag()
+
+
+def _forget_the_config_flag() -> None:
+    """As launch/sweep.py does between two runs' flags."""
+    for name in [name for name in flags.FLAGS if name == "config" or name.startswith("config.")]:
+        delattr(flags.FLAGS, name)
 
 
 def test_the_table_has_every_setting_once_with_its_help():
