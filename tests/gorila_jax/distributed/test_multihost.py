@@ -187,31 +187,14 @@ def _single_process_update(batches, spec):
     return jax.device_get(parallel.unreplicate(state)), jax.device_get(published), priorities
 
 
-@pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory):
-    """Runs the 2-process job once: (batches, spec, the processes' result files, the checkpoint
-    directory the chief saved in)."""
-    tmp = tmp_path_factory.mktemp("multihost")
-    spec = envs.env_spec(ENV_ID)
-    batches = _cartpole_batches(SEED, NUM_UPDATES + 1, CONFIG.batch_size)
-    batches_path = str(tmp / "batches.npz")
-    _save(batches_path, {f"batch{k}": batch for k, batch in enumerate(batches)})
-    coordinator = multihost.free_coordinator_address("127.0.0.1")
+def run_processes(module: str, args_of, timeout_s: float) -> None:
+    """Runs `python -m module *args_of(i)` for i < NUM_PROCESSES, each seeing
+    DEVICES_PER_PROCESS CPU devices; fails with the output of any that did not exit 0."""
     env = multihost.cpu_device_env(DEVICES_PER_PROCESS)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    outs = [str(tmp / f"process{i}.npz") for i in range(NUM_PROCESSES)]
     children = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.gorila_jax.distributed.test_multihost",
-                f"--process_id={i}",
-                f"--coordinator={coordinator}",
-                f"--batches={batches_path}",
-                f"--out={outs[i]}",
-                f"--checkpoints={tmp / 'checkpoints'}",
-            ],
+            [sys.executable, "-m", module, *args_of(i)],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
@@ -223,7 +206,7 @@ def two_process_run(tmp_path_factory):
     outputs: dict[int, str] = {}
     try:
         for i, child in enumerate(children):  # a liveness bound, generous for a loaded machine
-            outputs[i] = child.communicate(timeout=800)[0]
+            outputs[i] = child.communicate(timeout=timeout_s)[0]
     except subprocess.TimeoutExpired:
         pass  # reported below with what each process printed: a hang or just slowness
     finally:
@@ -233,6 +216,30 @@ def two_process_run(tmp_path_factory):
                 outputs[i] = child.communicate()[0]
     for i, child in enumerate(children):
         assert child.returncode == 0, f"process {i} exit {child.returncode}:\n{outputs[i][-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """Runs the 2-process job once: (batches, spec, the processes' result files, the checkpoint
+    directory the chief saved in)."""
+    tmp = tmp_path_factory.mktemp("multihost")
+    spec = envs.env_spec(ENV_ID)
+    batches = _cartpole_batches(SEED, NUM_UPDATES + 1, CONFIG.batch_size)
+    batches_path = str(tmp / "batches.npz")
+    _save(batches_path, {f"batch{k}": batch for k, batch in enumerate(batches)})
+    coordinator = multihost.free_coordinator_address("127.0.0.1")
+    outs = [str(tmp / f"process{i}.npz") for i in range(NUM_PROCESSES)]
+    run_processes(
+        "tests.gorila_jax.distributed.test_multihost",
+        lambda i: [
+            f"--process_id={i}",
+            f"--coordinator={coordinator}",
+            f"--batches={batches_path}",
+            f"--out={outs[i]}",
+            f"--checkpoints={tmp / 'checkpoints'}",
+        ],
+        timeout_s=800,
+    )
     return batches, spec, outs, str(tmp / "checkpoints")
 
 

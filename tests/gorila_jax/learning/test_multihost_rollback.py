@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import time
 import traceback
@@ -25,13 +24,11 @@ from agents import dqn
 from gorila_jax import parallel
 from gorila_jax.distributed import multihost
 from gorila_jax.learning import multihost_learner
-from tests import REPO
+from tests.gorila_jax.distributed.test_multihost import NUM_PROCESSES, run_processes
 from tests.gorila_jax.learning.test_fault_numeric import CONFIG, _fill, _NanBatches
 from tests.agents.dqn.test_learning import SPEC
 from tests.backends import DefaultReplayNode
 
-NUM_PROCESSES = 2
-DEVICES_PER_PROCESS = 2
 MAX_NONFINITE_STEPS = 2
 
 
@@ -125,33 +122,11 @@ def _child_main(argv: list[str]) -> None:
 
 @pytest.mark.slow
 def test_both_processes_roll_back_to_the_chiefs_checkpoint_after_the_same_update(tmp_path):
-    env = multihost.cpu_device_env(DEVICES_PER_PROCESS)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "tests.gorila_jax.learning.test_multihost_rollback"]
-    children = [
-        subprocess.Popen(
-            [*command, f"--process_id={i}", f"--dir={tmp_path}"],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(NUM_PROCESSES)
-    ]
-    outputs: dict[int, str] = {}
-    try:
-        for i, child in enumerate(children):  # a liveness bound, generous for a loaded machine
-            outputs[i] = child.communicate(timeout=600)[0]
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        for i, child in enumerate(children):
-            child.kill()
-            if i not in outputs:
-                outputs[i] = child.communicate()[0]
-    for i, child in enumerate(children):
-        assert child.returncode == 0, f"process {i} exit {child.returncode}:\n{outputs[i][-3000:]}"
+    run_processes(
+        "tests.gorila_jax.learning.test_multihost_rollback",
+        lambda i: [f"--process_id={i}", f"--dir={tmp_path}"],
+        timeout_s=600,
+    )
     results = [json.loads((tmp_path / f"result{i}.json").read_text()) for i in range(NUM_PROCESSES)]
     for i, result in enumerate(results):
         assert result["moved_before"], f"process {i}: the updates after the checkpoint did nothing"
