@@ -28,6 +28,7 @@ from absl import app, flags  # noqa: E402
 
 from agents import dqn  # noqa: E402
 from bench import timing  # noqa: E402
+from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs, replay, types
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
@@ -74,9 +75,9 @@ def _real_transitions(spec: types.EnvSpec, num_envs: int, n: int, discount: floa
 def replay_inserts(
     builder, spec: types.EnvSpec, num_envs: int, seconds: float, backend: str
 ) -> float:
-    node = replay.node_class(backend)(functools.partial(builder.replay_tables, spec))
+    node = replay.node_class(backend)(functools.partial(builder_lib.replay_tables, builder, spec))
     writer = replay.connect(node).writer(dqn.builder.TABLE)
-    cfg, codec = builder.config, builder.item_codec(spec)
+    cfg, codec = builder.config, builder.replay_layout(spec).codec
     batches = _real_transitions(spec, num_envs, cfg.n_step, cfg.discount)
     written, calls, start = 0, 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -97,7 +98,7 @@ def actor_node(
     graph = program.Program("actor-bench")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            replay.node_class(backend), functools.partial(builder.replay_tables, spec)
+            replay.node_class(backend), functools.partial(builder_lib.replay_tables, builder, spec)
         )
     with graph.group("learner"):
         learner_node = graph.add_node(learner.LearnerNode, builder, spec, replay_node, None, 0)
@@ -132,7 +133,7 @@ def main(argv):
     config, _ = dqn_presets.dqn_preset(presets.resolve("auto", _ENV.value))
     # A table that never rate-limits within the measurement (inserts below the minimum
     # size never wait): all inserts stay in stage 1. 1 GiB of items: FIFO past that.
-    item_bytes = dqn.DQNBuilder(config).item_codec(spec).num_bytes
+    item_bytes = dqn.DQNBuilder(config).replay_layout(spec).codec.num_bytes
     capacity = min(10**7, 2**30 // item_bytes)
     config = dataclasses.replace(config, min_replay_size=10**7, max_replay_size=capacity)
     builder = dqn.DQNBuilder(config)

@@ -31,7 +31,7 @@ FLAGS = flags.FLAGS
 
 def main(_):
     spec = envs.env_spec(FLAGS.env)
-    codec = dqn.DQNBuilder(dqn.DQNConfig()).item_codec(spec)
+    codec = dqn.DQNBuilder(dqn.DQNConfig()).replay_layout(spec).codec
     rows = FLAGS.batch_size
     rng = np.random.default_rng(0)
     packed = rng.integers(0, 256, (rows, codec.num_bytes), dtype=np.uint8)

@@ -39,7 +39,7 @@ def _model_size(preset: str, env_id: str) -> int:
     config, _ = dqn_presets.dqn_preset(preset)
     builder = dqn.DQNBuilder(config)
     state = builder_lib.initial_train_state(builder, envs.env_spec(env_id), 0)
-    return flatten_util.ravel_pytree(builder.trainable_params(state))[0].size
+    return flatten_util.ravel_pytree(builder.state_access.trainable_params(state))[0].size
 
 
 def _round(num_clients: int, size: int, rng: np.random.Generator) -> dict[str, float]:

@@ -84,7 +84,7 @@ def bare_update(builder, spec, batch_size: int, seconds: float) -> float:
     """Updates per second of the guarded step the learner node runs, on one batch kept on
     the device: `updates_per_dispatch` updates per call, as the node's."""
     devices = jax.local_devices()
-    updates = builder.updates_per_dispatch
+    updates = builder.batch_plan.updates_per_dispatch
     step = parallel.pmap_step(
         step_lib.make_step(builder, spec, updates=updates), devices, step_lib.OUT_AXES
     )
@@ -115,9 +115,11 @@ def _batch_sizes(values: list[str]) -> list[int]:
 def measure(config, spec, replay_node, seconds: float) -> dict:
     """(a), (b) and (c) at `config.batch_size`, from the filled `replay_node`."""
     builder = dqn.DQNBuilder(config)
-    updates = builder.updates_per_dispatch
+    updates = builder.batch_plan.updates_per_dispatch
     a = bare_update(builder, spec, config.batch_size, seconds)
-    sampler = replay.ReplayShards(replay_node).sampler(dqn.builder.TABLE, builder.item_codec(spec))
+    sampler = replay.ReplayShards(replay_node).sampler(
+        dqn.builder.TABLE, builder.replay_layout(spec).codec
+    )
     batches = sampler.batches(config.batch_size * updates)
     b = _rate(lambda: next(batches), seconds) * updates
     sampler.close()
@@ -160,8 +162,9 @@ def main(argv):
     )
     builder = dqn.DQNBuilder(config)
     # A table without the samples-per-insert limit: we measure the learner, not the ratio.
-    table = dataclasses.replace(builder.replay_tables(spec)[0], rate_limit=replay.RateLimit(1))
-    codec = builder.item_codec(spec)
+    layout = builder.replay_layout(spec)
+    table = dataclasses.replace(layout.tables[0], rate_limit=replay.RateLimit(1))
+    codec = layout.codec
     results = []
     for backend in _REPLAYS.value:
         node = replay.node_class(backend)(lambda: [table])

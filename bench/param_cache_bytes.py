@@ -136,7 +136,7 @@ def main(argv):
     builder = _builder()
     spec = envs.env_spec("CartPole-v1")
     state = builder_lib.initial_train_state(builder, spec, 0)
-    param_bytes = param_cache.tree_nbytes(builder.actor_params(state))
+    param_bytes = param_cache.tree_nbytes(builder.state_access.actor_params(state))
     cluster = _ray_cluster() if _LAUNCHER.value == "ray" else None
     try:
         runs = [_run(builder, cached, param_bytes) for cached in (False, True)]

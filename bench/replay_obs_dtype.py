@@ -54,19 +54,20 @@ def _transitions(spec: types.EnvSpec, count: int) -> types.Transition:
 
 
 def measure(builder, spec, items: types.Transition, seconds: float) -> dict:
-    codec = builder.item_codec(spec)
-    table = dataclasses.replace(builder.replay_tables(spec)[0], rate_limit=replay.RateLimit(1))
+    layout = builder.replay_layout(spec)
+    codec = layout.codec
+    table = dataclasses.replace(layout.tables[0], rate_limit=replay.RateLimit(1))
     server = reverb.Server([replay.reverb_table(table)])
     address = f"localhost:{server.port}"
-    writer = replay.TransitionWriter(reverb.Client(address), builder.sample_table)
+    writer = replay.TransitionWriter(reverb.Client(address), layout.sample_table)
     count = len(items.reward)
     for start in range(0, count, 1000):
         chunk = types.Transition(*(x[start : start + 1000] for x in items))
         writer.write(codec.encode(chunk), np.ones(len(chunk.reward)))
     writer.flush()
     writer.close()
-    batch_size = builder.batch_size
-    batches = replay.batches(address, builder.sample_table, batch_size, codec)
+    batch_size = builder.batch_plan.batch_size
+    batches = replay.batches(address, layout.sample_table, batch_size, codec)
     sampled = timing.timed(lambda: next(batches), seconds, 1)
     host_batch = next(batches)
     server.stop()

@@ -45,7 +45,7 @@ CAPACITY_BYTES = 400 * 2**20  # per table: Atari items fit ~7k
 
 
 def _tables(builder, spec, num_shards: int) -> list[replay.TableSpec]:
-    (table,) = builder.replay_tables(spec)
+    (table,) = builder.replay_layout(spec).tables
     table = dataclasses.replace(table, rate_limit=replay.RateLimit(1))
     return [table.for_shard(num_shards)]
 
@@ -96,18 +96,19 @@ def _sample_rate(nodes, table: str, codec, rows: int, seconds: float) -> float:
 
 
 def _measure(nodes, builder, spec, batch_size: int, seconds: float) -> dict:
-    codec = builder.item_codec(spec)
+    layout = builder.replay_layout(spec)
+    codec = layout.codec
     items = _items(codec, spec, 512, seed=0)
-    inserts = _insert_rate(nodes, builder.sample_table, items, seconds)
+    inserts = _insert_rate(nodes, layout.sample_table, items, seconds)
     samples = _sample_rate(
-        nodes, builder.sample_table, codec, batch_size * UPDATES_PER_SAMPLE, seconds
+        nodes, layout.sample_table, codec, batch_size * UPDATES_PER_SAMPLE, seconds
     )
     return {"inserts_per_s": inserts, "samples_per_s": samples}
 
 
 def _builder(env_id: str):
     spec = envs.env_spec(env_id)
-    codec_bytes = dqn.DQNBuilder(dqn.DQNConfig()).item_codec(spec).num_bytes
+    codec_bytes = dqn.DQNBuilder(dqn.DQNConfig()).replay_layout(spec).codec.num_bytes
     capacity = max(1000, CAPACITY_BYTES // codec_bytes)
     config = dataclasses.replace(dqn.DQNConfig(), max_replay_size=capacity, min_replay_size=1)
     return dqn.DQNBuilder(config), spec

@@ -143,7 +143,7 @@ def _rows_per_s(sampler) -> float:
 
 def main(_):
     spec = envs.env_spec(FLAGS.env)
-    codec = dqn.DQNBuilder(dqn.DQNConfig()).item_codec(spec)
+    codec = dqn.DQNBuilder(dqn.DQNConfig()).replay_layout(spec).codec
     packed = _env_items(spec, codec, FLAGS.items)
     with tempfile.TemporaryDirectory() as cold_dir:
         tiering = replay.Tiering(

@@ -81,8 +81,8 @@ def random_batch(builder, spec: types.EnvSpec, seed: int = 0) -> builder_lib.Sam
     zeros (PPO's behaviour log-probabilities 0, so weights are truncated at rho_bar).
     """
     rng = np.random.default_rng(seed)
-    codec = builder.item_codec(spec)
-    size = builder.batch_size
+    codec = builder.replay_layout(spec).codec
+    size = builder.batch_plan.batch_size
     items = codec.decode(np.zeros((size, codec.num_bytes), np.uint8))
     observations = lambda x: rng.integers(0, 256, x.shape).astype(x.dtype)
     if spec.observation_dtype != "uint8":

@@ -131,69 +131,106 @@ class Adder(Protocol):
     def close(self) -> None: ...
 
 
-class AgentBuilder(Protocol):
-    """What the skeleton needs from an agent. Implementations hold no logic."""
+class AdderFactory(Protocol):
+    """Makes an actor's adder for its vector of `num_envs` rows, writing through
+    `connection` (`connection.writer(table)`); `table`: write there instead of the
+    sampled table (the demonstration table, which `gorila_jax.demonstrations` fills)."""
 
-    config: Any  # the agent's hyperparameters, a dataclass (written to summary.json)
+    def __call__(
+        self,
+        connection: replay.Connection,
+        num_envs: int,
+        stop_event: threading.Event,
+        table: str | None = None,
+    ) -> Adder: ...
 
-    @property
-    def sample_table(self) -> str:
-        """The replay table the learner samples from."""
+
+class ReplayLayout(NamedTuple):
+    """Where an agent's items go and how they are packed, for one env spec.
+
+    Attributes:
+      tables: every table the agent's items go to, declared for the whole replay; any
+        backend builds them (`gorila_jax/replay/api.py`).
+      sample_table: the one of them the learner samples from.
+      codec: how one item of `sample_table` is packed (actors) and unpacked (learner).
+      make_adder: an actor's adder (`AdderFactory`).
+    """
+
+    tables: Sequence[replay.TableSpec]
+    sample_table: str
+    codec: replay.ItemCodec
+    make_adder: AdderFactory
+
+
+class BatchPlan(NamedTuple):
+    """How the learner takes its batches.
+
+    Attributes:
+      schedule: the global batch size by learner step (`growing_batch_schedule`);
+        `((0, size),)` when it is fixed. Each batch is split over the learner devices.
+      updates_per_dispatch: updates the one-host learner runs in one device call, each on
+        its own batch, all sampled at once; 1 for an agent whose batches must be fresh.
+      first_update_after: the env steps the actors take before the learner's first
+        update can happen, and the setting that makes it so, as a refusal names it.
+    """
+
+    schedule: BatchSchedule
+    updates_per_dispatch: int
+    first_update_after: tuple[int, str]
 
     @property
     def batch_size(self) -> int:
-        """The global learner batch (the first, if it grows), split over learner devices."""
+        """The first global batch size (the only one, unless it grows)."""
+        return self.schedule[0][1]
 
     @property
-    def updates_per_dispatch(self) -> int:
-        """Updates the one-host learner runs in one device call, each on its own batch of
-        `batch_size`, all sampled at once; 1 for an agent whose batches must be fresh."""
+    def largest_batch(self) -> int:
+        return max(size for _, size in self.schedule)
 
-    @property
-    def batch_schedule(self) -> BatchSchedule:
-        """The global batch size by learner step; `((0, batch_size),)` when it is fixed."""
+    def batch_size_at(self, learner_step: int) -> int:
+        return batch_size_at(self.schedule, learner_step)
+
+
+class StateAccess(NamedTuple):
+    """What the skeleton reads from, and writes into, an agent's learner state.
+
+    Attributes:
+      actor_params: state -> the part of it that actors act with.
+      trainable_params: state -> the parameters the agent's optimizers train: those the
+        gradients of `update_fns().compute_grads` are for, the ones the numeric guard's
+        learning-rate scale slows and a rollback's noise perturbs.
+      with_trainable_params: (state, params shaped as `trainable_params(state)`) -> the
+        state with them in their place and nothing else changed; jittable, called
+        inside the learner step.
+    """
+
+    actor_params: Callable[[Any], types.Params]
+    trainable_params: Callable[[Any], types.Params]
+    with_trainable_params: Callable[[Any, types.Params], Any]
+
+
+class AgentBuilder(Protocol):
+    """What the skeleton needs from an agent: eight members. Implementations hold no logic."""
+
+    config: Any  # the agent's hyperparameters, a dataclass (written to summary.json)
 
     def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
         """Raises ValueError for a config that cannot run on this many devices (or env)."""
 
-    def env_steps_before_first_update(self) -> tuple[int, str]:
-        """The env steps the actors take before the learner's first update can happen, and
-        the setting that makes it so, as a refusal names it."""
+    def replay_layout(self, spec: types.EnvSpec) -> ReplayLayout:
+        """The agent's replay tables, its sampled table, item codec and adder."""
 
-    def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
-        """How one item of the sampled table is packed (actors) and unpacked (learner)."""
+    @property
+    def batch_plan(self) -> BatchPlan:
+        """The learner's batch sizes, updates per device call and first update."""
 
-    def replay_tables(self, spec: types.EnvSpec) -> Sequence[replay.TableSpec]:
-        """The tables the agent's items go to, declared for the whole replay; any backend
-        builds them (`gorila_jax/replay/api.py`)."""
-
-    def make_adder(
-        self,
-        connection: replay.Connection,
-        spec: types.EnvSpec,
-        num_envs: int,
-        stop_event: threading.Event,
-        table: str | None = None,
-    ) -> Adder:
-        """An actor's adder, writing through `connection` (`connection.writer(table)`);
-        `table`: write there instead of the sampled table (the demonstration table, which
-        `gorila_jax.demonstrations` fills with this adder)."""
+    @property
+    def state_access(self) -> StateAccess:
+        """Readers and writer of the parts of the learner state the skeleton handles."""
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> Any: ...
 
     def update_fns(self, spec: types.EnvSpec) -> UpdateFns: ...
-
-    def actor_params(self, state: Any) -> types.Params:
-        """The part of the learner state that actors act with."""
-
-    def trainable_params(self, state: Any) -> types.Params:
-        """The parameters the agent's optimizers train: those the gradients of
-        `update_fns().compute_grads` are for, the ones the numeric guard's
-        learning-rate scale slows and a rollback's noise perturbs."""
-
-    def with_trainable_params(self, state: Any, params: types.Params) -> Any:
-        """`state` with `params` (shaped as `trainable_params(state)`) in their place and
-        nothing else changed; jittable, called inside the learner step."""
 
     def make_policy(
         self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
@@ -255,6 +292,12 @@ def demo_fraction(builder: AgentBuilder) -> float | None:
 def replay_tiers(builder: AgentBuilder) -> tuple[int, int] | None:
     """The agent's (hot, cold) replay tiers; None: all in memory (also when it cannot tier)."""
     return builder.replay_tiers if isinstance(builder, TieredReplay) else None
+
+
+def replay_tables(builder: AgentBuilder, spec: types.EnvSpec) -> list[replay.TableSpec]:
+    """The agent's replay tables for `spec`: what a replay node builds (picklable with
+    `functools.partial`, for a node in another process)."""
+    return list(builder.replay_layout(spec).tables)
 
 
 def duplicate_counter(builder: AgentBuilder) -> replay.DuplicateCounter | None:

@@ -189,7 +189,9 @@ def load_into_replay(
       The number of items written.
     """
     episodes = read(demo_dir, spec)
-    adder = builder.make_adder(connection, spec, 1, threading.Event(), table=replay.DEMO_TABLE)
+    adder = builder.replay_layout(spec).make_adder(
+        connection, 1, threading.Event(), table=replay.DEMO_TABLE
+    )
     try:
         add_episodes(adder, episodes, replay.DEMO_SOURCE)
     finally:
@@ -244,7 +246,7 @@ def first_shard(
 
 def _with_demo_table(make_tables, builder: builder_lib.AgentBuilder, spec: types.EnvSpec):
     # The demonstration table's items are the sampled table's: one codec decodes both.
-    return list(make_tables()) + [replay.demo_table(builder.item_codec(spec).num_bytes)]
+    return list(make_tables()) + [replay.demo_table(builder.replay_layout(spec).codec.num_bytes)]
 
 
 class Loader:

@@ -59,7 +59,7 @@ def restore_policy(logdir: str, epsilon: float | None, step: int | None) -> Trai
         record,
         builder,
         spec,
-        builder.actor_params(restored.state),
+        builder.state_access.actor_params(restored.state),
         restored.step,
         int(sum(c.get("env_steps", 0) for c in counters)),
     )

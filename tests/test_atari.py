@@ -11,6 +11,7 @@ import pytest
 
 from agents import dqn
 from agents.dqn import networks
+from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, replay, types
 from gorila_jax.run import experiment
 from tests.backends import DefaultReplayNode, first_batch
@@ -58,10 +59,10 @@ def test_observations_stay_uint8_from_replay_to_device():
         dqn.DQNConfig(), min_replay_size=8, batch_size=8, max_replay_size=1000
     )
     builder = dqn.DQNBuilder(config)
-    node = DefaultReplayNode(functools.partial(builder.replay_tables, spec))
+    node = DefaultReplayNode(functools.partial(builder_lib.replay_tables, builder, spec))
     env = envs.make_env("Pong-v5", 4, seed=0)
     obs, _ = env.reset()
-    adder = builder.make_adder(replay.connect(node), spec, 4, stop_event=None)
+    adder = builder.replay_layout(spec).make_adder(replay.connect(node), 4, stop_event=None)
     for _ in range(6):
         action = np.zeros(4, np.int32)
         next_obs, reward, terminated, truncated, _ = env.step(action)
@@ -70,7 +71,7 @@ def test_observations_stay_uint8_from_replay_to_device():
         obs = next_obs
     adder.close()  # flushes what is pending
 
-    batch = first_batch(node, builder.sample_table, 8, builder.item_codec(spec))
+    batch = first_batch(node, dqn.builder.TABLE, 8, builder.replay_layout(spec).codec)
     assert batch.data.observation.dtype == np.uint8
     assert batch.data.observation.shape == (8, 4, 84, 84)
     on_device = parallel.shard_to_devices(batch.data, jax.local_devices()[:2])

@@ -1,7 +1,6 @@
 """DQNBuilder: wires DQN's config, network, learning and policy into the skeleton."""
 
 import dataclasses
-import threading
 
 import jax
 import numpy as np
@@ -21,23 +20,16 @@ class DQNBuilder:
     config: config_lib.DQNConfig
 
     @property
-    def sample_table(self) -> str:
-        return TABLE
-
-    @property
-    def batch_size(self) -> int:
-        return self.config.batch_size
-
-    @property
-    def updates_per_dispatch(self) -> int:
-        return self.config.updates_per_dispatch
-
-    @property
-    def batch_schedule(self) -> builder_lib.BatchSchedule:
+    def batch_plan(self) -> builder_lib.BatchPlan:
         cfg = self.config
-        return builder_lib.growing_batch_schedule(
+        schedule = builder_lib.growing_batch_schedule(
             cfg.batch_size, cfg.batch_size_max, cfg.batch_growth_steps
         )
+        first = (
+            cfg.min_replay_size,
+            (f"config.min_replay_size={cfg.min_replay_size} items in replay, one per env step"),
+        )
+        return builder_lib.BatchPlan(schedule, cfg.updates_per_dispatch, first)
 
     def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
         self.config.validate(num_learner_devices)
@@ -55,7 +47,7 @@ class DQNBuilder:
             cfg.layer_norm,
         )
 
-    def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
+    def _item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
         return replay.transition_codec(spec.zeros_observation(1)[0], np.int32(0), storage)
 
@@ -73,39 +65,21 @@ class DQNBuilder:
             return None
         return replay.DuplicateCounter(cfg.priority_duplicate_bonus, cfg.max_replay_size)
 
-    def env_steps_before_first_update(self) -> tuple[int, str]:
-        size = self.config.min_replay_size
-        return size, f"config.min_replay_size={size} items in replay, one per env step"
-
-    def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
-        cfg = self.config
-        largest_batch = max(size for _, size in self.batch_schedule)
-        rows = largest_batch * cfg.updates_per_dispatch  # what one sample call takes
+    def replay_layout(self, spec: types.EnvSpec) -> builder_lib.ReplayLayout:
+        cfg, codec = self.config, self._item_codec(spec)
+        rows = self.batch_plan.largest_batch * cfg.updates_per_dispatch  # one sample call
         limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, rows)
-        item_bytes = self.item_codec(spec).num_bytes
-        return [
-            replay.prioritized_table(
-                TABLE, cfg.max_replay_size, cfg.priority_exponent, limiter, item_bytes
-            )
-        ]
-
-    def make_adder(
-        self,
-        connection: replay.Connection,
-        spec: types.EnvSpec,
-        num_envs: int,
-        stop_event: threading.Event,
-        table: str | None = None,
-    ) -> replay.NStepAdder:
-        writer = connection.writer(table or TABLE, stop_event=stop_event)
-        return replay.NStepAdder(
-            writer,
-            self.item_codec(spec),
-            num_envs,
-            self.config.n_step,
-            self.config.discount,
-            self.config.initial_priority,
+        table = replay.prioritized_table(
+            TABLE, cfg.max_replay_size, cfg.priority_exponent, limiter, codec.num_bytes
         )
+
+        def make_adder(connection, num_envs, stop_event, table=None):
+            writer = connection.writer(table or TABLE, stop_event=stop_event)
+            return replay.NStepAdder(
+                writer, codec, num_envs, cfg.n_step, cfg.discount, cfg.initial_priority
+            )
+
+        return builder_lib.ReplayLayout([table], TABLE, codec, make_adder)
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:
         optimizer = learning.make_optimizer(self.config)
@@ -118,22 +92,32 @@ class DQNBuilder:
             self._network(spec).apply, learning.make_optimizer(self.config), self.config
         )
 
-    def actor_params(self, state: learning.TrainState) -> types.Params:
-        # bfloat16 halves what crosses to actors; the network promotes it to its compute dtype.
-        return precision.cast_floats(state.params, self.config.actor_params_dtype)
+    @property
+    def state_access(self) -> builder_lib.StateAccess:
+        dtype = self.config.actor_params_dtype
+        return builder_lib.StateAccess(
+            # bfloat16 halves what crosses to actors; the network promotes it to its
+            # compute dtype.
+            actor_params=lambda state: precision.cast_floats(state.params, dtype),
+            trainable_params=lambda state: state.params,
+            with_trainable_params=lambda state, params: state._replace(params=params),
+        )
 
     def make_policy(
         self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
     ) -> builder_lib.Policy:
+        epsilon_fn = self._epsilon_fn(actor_index, num_actors, evaluation)
+        return policy.make_epsilon_greedy(self._network(spec).apply, epsilon_fn)
+
+    def _epsilon_fn(self, actor_index: int, num_actors: int, evaluation: bool):
+        """env steps -> epsilon: the evaluator's fixed one, or this actor's decaying one."""
         cfg = self.config
         if evaluation:
-            epsilon_fn = lambda env_steps: cfg.eval_epsilon  # noqa: E731
-        else:
-            end = self.final_epsilon(actor_index, num_actors)
-            epsilon_fn = lambda env_steps: policy.linear_epsilon(  # noqa: E731
-                env_steps, cfg.epsilon_start, end, cfg.epsilon_decay_steps
-            )
-        return policy.make_epsilon_greedy(self._network(spec).apply, epsilon_fn)
+            return lambda env_steps: cfg.eval_epsilon
+        end = self.final_epsilon(actor_index, num_actors)
+        return lambda env_steps: policy.linear_epsilon(
+            env_steps, cfg.epsilon_start, end, cfg.epsilon_decay_steps
+        )
 
     def final_epsilon(self, actor_index: int, num_actors: int) -> float:
         """Actor `actor_index`'s epsilon once decayed, for a run launched with `num_actors`.
@@ -152,14 +136,6 @@ class DQNBuilder:
         return policy.actor_epsilon_end(
             cfg.epsilon_end, cfg.epsilon_end_spread, position, num_actors
         )
-
-    def trainable_params(self, state: learning.TrainState) -> types.Params:
-        return state.params
-
-    def with_trainable_params(
-        self, state: learning.TrainState, params: types.Params
-    ) -> learning.TrainState:
-        return state._replace(params=params)
 
     # Gorila mode: shards own the parameters and the optimizer; workers keep the rest.
 

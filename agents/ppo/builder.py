@@ -1,7 +1,6 @@
 """PPOBuilder: wires PPO's config, network, learning and policy into the skeleton."""
 
 import dataclasses
-import threading
 
 import jax
 import numpy as np
@@ -26,20 +25,18 @@ class PPOBuilder:
     config: config_lib.PPOConfig
 
     @property
-    def sample_table(self) -> str:
-        return TABLE
-
-    @property
-    def batch_size(self) -> int:
-        return self.config.global_batch_size
-
-    @property
-    def updates_per_dispatch(self) -> int:
-        return 1  # one queue batch per update: its epochs are the update's own loop
-
-    @property
-    def batch_schedule(self) -> builder_lib.BatchSchedule:
-        return ((0, self.config.global_batch_size),)
+    def batch_plan(self) -> builder_lib.BatchPlan:
+        cfg = self.config
+        first = (
+            cfg.global_batch_size * cfg.trajectory_length,
+            (
+                f"a batch of {cfg.global_batch_size} chunks of "
+                f"config.trajectory_length={cfg.trajectory_length} env steps"
+            ),
+        )
+        # One queue batch per update (updates_per_dispatch 1): its epochs are the update's
+        # own loop.
+        return builder_lib.BatchPlan(((0, cfg.global_batch_size),), 1, first)
 
     def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
         self.config.validate(num_learner_devices)
@@ -61,39 +58,24 @@ class PPOBuilder:
         raw_action = np.zeros(spec.action_shape, np.int32 if spec.discrete else np.float32)
         return learning.PolicyExtras(np.float32(0), np.float32(0), raw_action)
 
-    def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
-        example = replay.trajectory_example(
-            spec, self.config.trajectory_length, self._extras_example(spec)
-        )
-        return replay.ItemCodec(example)
-
-    def env_steps_before_first_update(self) -> tuple[int, str]:
+    def replay_layout(self, spec: types.EnvSpec) -> builder_lib.ReplayLayout:
         cfg = self.config
-        return cfg.global_batch_size * cfg.trajectory_length, (
-            f"a batch of {cfg.global_batch_size} chunks of "
-            f"config.trajectory_length={cfg.trajectory_length} env steps"
+        codec = replay.ItemCodec(
+            replay.trajectory_example(spec, cfg.trajectory_length, self._extras_example(spec))
+        )
+        table = replay.queue_table(
+            TABLE, cfg.queue_batches * cfg.global_batch_size, codec.num_bytes
         )
 
-    def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
-        capacity = self.config.queue_batches * self.config.global_batch_size
-        return [replay.queue_table(TABLE, capacity, self.item_codec(spec).num_bytes)]
+        def make_adder(connection, num_envs, stop_event, table=None):
+            # At most one write of unconfirmed chunks: once the queue is full the
+            # actor waits at its next write instead of running further ahead.
+            writer = connection.writer(
+                table or TABLE, max_pending=max(2, num_envs), stop_event=stop_event
+            )
+            return replay.TrajectoryAdder(writer, codec, num_envs, cfg.trajectory_length)
 
-    def make_adder(
-        self,
-        connection: replay.Connection,
-        spec: types.EnvSpec,
-        num_envs: int,
-        stop_event: threading.Event,
-        table: str | None = None,
-    ) -> replay.TrajectoryAdder:
-        # At most one write of unconfirmed chunks: once the queue is full the
-        # actor waits at its next write instead of running further ahead.
-        writer = connection.writer(
-            table or TABLE, max_pending=max(2, num_envs), stop_event=stop_event
-        )
-        return replay.TrajectoryAdder(
-            writer, self.item_codec(spec), num_envs, self.config.trajectory_length
-        )
+        return builder_lib.ReplayLayout([table], TABLE, codec, make_adder)
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:
         return learning.init_train_state(key, self._network(spec).init, spec, self.config)
@@ -103,8 +85,13 @@ class PPOBuilder:
             self._network(spec), networks.make_distribution(spec), self.config
         )
 
-    def actor_params(self, state: learning.TrainState) -> learning.ActorParams:
-        return learning.ActorParams(state.params, state.obs_stats)
+    @property
+    def state_access(self) -> builder_lib.StateAccess:
+        return builder_lib.StateAccess(
+            actor_params=lambda state: learning.ActorParams(state.params, state.obs_stats),
+            trainable_params=lambda state: state.params,
+            with_trainable_params=lambda state, params: state._replace(params=params),
+        )
 
     def make_policy(
         self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
@@ -119,14 +106,6 @@ class PPOBuilder:
                 "per-actor KL report and, with scale_batch_with_actors, the batch)"
             )
         return policy.make_acting_policy(network, distribution, self.config)
-
-    def trainable_params(self, state: learning.TrainState) -> types.Params:
-        return state.params
-
-    def with_trainable_params(
-        self, state: learning.TrainState, params: types.Params
-    ) -> learning.TrainState:
-        return state._replace(params=params)
 
     # Not `builder.GorilaCapable`: PPO runs with learner_mode=sync only. Its learner step
     # is several epochs of minibatch updates, which parameter-server shards cannot apply

@@ -4,7 +4,6 @@ import dataclasses
 
 from agents.dqn import builder as dqn_builder
 from agents.dqn import learning as dqn_learning
-from agents.dqn import policy as dqn_policy
 from agents.qrdqn import config as config_lib
 from agents.qrdqn import learning, networks, policy
 from gorila_jax import builder as builder_lib
@@ -43,12 +42,5 @@ class QRDQNBuilder(dqn_builder.DQNBuilder):
     def make_policy(
         self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
     ) -> builder_lib.Policy:
-        cfg = self.config
-        if evaluation:
-            epsilon_fn = lambda env_steps: cfg.eval_epsilon  # noqa: E731
-        else:
-            end = self.final_epsilon(actor_index, num_actors)
-            epsilon_fn = lambda env_steps: dqn_policy.linear_epsilon(  # noqa: E731
-                env_steps, cfg.epsilon_start, end, cfg.epsilon_decay_steps
-            )
+        epsilon_fn = self._epsilon_fn(actor_index, num_actors, evaluation)
         return policy.make_epsilon_greedy(self._network(spec).apply, epsilon_fn)

@@ -1,7 +1,6 @@
 """SACBuilder: wires SAC's config, networks, learning and policy into the skeleton."""
 
 import dataclasses
-import threading
 
 import jax
 import numpy as np
@@ -27,20 +26,13 @@ class SACBuilder:
     config: config_lib.SACConfig
 
     @property
-    def sample_table(self) -> str:
-        return TABLE
-
-    @property
-    def batch_size(self) -> int:
-        return self.config.batch_size
-
-    @property
-    def updates_per_dispatch(self) -> int:
-        return self.config.updates_per_dispatch
-
-    @property
-    def batch_schedule(self) -> builder_lib.BatchSchedule:
-        return ((0, self.config.batch_size),)
+    def batch_plan(self) -> builder_lib.BatchPlan:
+        cfg = self.config
+        first = (
+            cfg.min_replay_size,
+            (f"config.min_replay_size={cfg.min_replay_size} items in replay, one per env step"),
+        )
+        return builder_lib.BatchPlan(((0, cfg.batch_size),), cfg.updates_per_dispatch, first)
 
     def validate(self, num_learner_devices: int, spec: types.EnvSpec | None = None) -> None:
         self.config.validate(num_learner_devices)
@@ -57,7 +49,7 @@ class SACBuilder:
             precision.compute_dtype(cfg.precision),
         )
 
-    def item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
+    def _item_codec(self, spec: types.EnvSpec) -> replay.ItemCodec:
         obs = np.zeros(spec.observation_shape, _stored_dtype(spec.observation_dtype))
         action = np.zeros(spec.action_shape, np.float32)
         storage = replay.observation_storage(self.config.replay_obs_dtype, spec)
@@ -71,29 +63,17 @@ class SACBuilder:
     def replay_tiers(self) -> tuple[int, int] | None:
         return self.config.replay_tiers
 
-    def env_steps_before_first_update(self) -> tuple[int, str]:
-        size = self.config.min_replay_size
-        return size, f"config.min_replay_size={size} items in replay, one per env step"
-
-    def replay_tables(self, spec: types.EnvSpec) -> list[replay.TableSpec]:
-        cfg = self.config
+    def replay_layout(self, spec: types.EnvSpec) -> builder_lib.ReplayLayout:
+        cfg, codec = self.config, self._item_codec(spec)
         rows = cfg.batch_size * cfg.updates_per_dispatch  # what one sample call takes
         limiter = replay.rate_limiter(cfg.samples_per_insert, cfg.min_replay_size, rows)
-        item_bytes = self.item_codec(spec).num_bytes
-        return [replay.uniform_table(TABLE, cfg.max_replay_size, limiter, item_bytes)]
+        table = replay.uniform_table(TABLE, cfg.max_replay_size, limiter, codec.num_bytes)
 
-    def make_adder(
-        self,
-        connection: replay.Connection,
-        spec: types.EnvSpec,
-        num_envs: int,
-        stop_event: threading.Event,
-        table: str | None = None,
-    ) -> replay.NStepAdder:
-        writer = connection.writer(table or TABLE, stop_event=stop_event)
-        return replay.NStepAdder(
-            writer, self.item_codec(spec), num_envs, self.config.n_step, self.config.discount
-        )
+        def make_adder(connection, num_envs, stop_event, table=None):
+            writer = connection.writer(table or TABLE, stop_event=stop_event)
+            return replay.NStepAdder(writer, codec, num_envs, cfg.n_step, cfg.discount)
+
+        return builder_lib.ReplayLayout([table], TABLE, codec, make_adder)
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:
         return learning.init_train_state(
@@ -105,36 +85,31 @@ class SACBuilder:
             self._networks(spec), learning.make_optimizers(self.config), spec, self.config
         )
 
-    def actor_params(self, state: learning.TrainState) -> types.Params:
-        """The policy parameters actors act with: the published half of a double buffer.
-
-        The learner step returns these as an output of their own (a buffer
-        apart from the state), and the learner node publishes that copy. The
-        next step donates and overwrites the state's buffers, never the
-        published ones, so an actor or evaluator reading the published copy
-        never sees parameters half-way through an update
-        (tests/agents/sac/test_nodes.py checks this).
-        """
-        return precision.cast_floats(state.policy_params, self.config.actor_params_dtype)
+    @property
+    def state_access(self) -> builder_lib.StateAccess:
+        dtype = self.config.actor_params_dtype
+        return builder_lib.StateAccess(
+            # The policy parameters actors act with: the published half of a double
+            # buffer. The learner step returns these as an output of their own (a buffer
+            # apart from the state), and the learner node publishes that copy. The next
+            # step donates and overwrites the state's buffers, never the published ones,
+            # so an actor or evaluator reading the published copy never sees parameters
+            # half-way through an update (tests/agents/sac/test_nodes.py checks this).
+            actor_params=lambda state: precision.cast_floats(state.policy_params, dtype),
+            # What the three optimizers train: the policy, both critics and the temperature.
+            trainable_params=lambda state: {
+                "policy_params": state.policy_params,
+                "critic_params": state.critic_params,
+                "log_alpha": state.log_alpha,
+            },
+            with_trainable_params=lambda state, params: state._replace(**params),
+        )
 
     def make_policy(
         self, spec: types.EnvSpec, actor_index: int, num_actors: int, evaluation: bool
     ) -> builder_lib.Policy:
         random_steps = policy.actor_random_steps(self.config.random_steps, num_actors)
         return policy.make_policy(self._networks(spec).policy.apply, spec, evaluation, random_steps)
-
-    def trainable_params(self, state: learning.TrainState) -> dict[str, types.Params]:
-        """What the three optimizers train: the policy, both critics and the temperature."""
-        return {
-            "policy_params": state.policy_params,
-            "critic_params": state.critic_params,
-            "log_alpha": state.log_alpha,
-        }
-
-    def with_trainable_params(
-        self, state: learning.TrainState, params: dict[str, types.Params]
-    ) -> learning.TrainState:
-        return state._replace(**params)
 
     # Not `builder.GorilaCapable`: Gorila mode needs (compute_grads, apply_grads) with one
     # elementwise optimizer; SAC's update steps three (policy, critics, temperature) in

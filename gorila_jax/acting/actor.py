@@ -217,7 +217,8 @@ class ActorNode(LimitedActing):
                 num_threads=self._env_threads,
             )
             connection = replay.connect(self._replay_node, self._replay_endpoint)
-            adder = self._builder.make_adder(connection, self._spec, self._rows, self._stop_event)
+            layout = self._builder.replay_layout(self._spec)
+            adder = layout.make_adder(connection, self._rows, self._stop_event)
             puller = ParameterPuller(self._learner, self._pull_interval)
             self._act(env, adder, puller)
         except replay.Stopped:

@@ -115,8 +115,8 @@ class RoleActorNode(actor.LimitedActing):
             env = multiagent.MultiAgentVectorEnv(self.env_id, self.num_envs, self._env_seed)
             for role, acting in self._roles.items():
                 shard = replay.actor_shard(self._wiring[role].replay, self.actor_index)
-                acting.adder = acting.builder.make_adder(
-                    replay.connect(shard), acting.spec, acting.rows, self._stop_event
+                acting.adder = acting.builder.replay_layout(acting.spec).make_adder(
+                    replay.connect(shard), acting.rows, self._stop_event
                 )
                 acting.puller = actor.ParameterPuller(self._sources[role], self._pull_interval)
             self._act(env)

@@ -68,7 +68,9 @@ class FederatedClientNode(learner.LearnerNode):
         _, self._unravel = flatten_util.ravel_pytree(self._trainable())
 
     def _trainable(self) -> Any:
-        return jax.device_get(self._builder.trainable_params(parallel.unreplicate(self._state)))
+        return jax.device_get(
+            self._builder.state_access.trainable_params(parallel.unreplicate(self._state))
+        )
 
     def step(self, timeout: float = 1.0) -> bool:
         if self._steps - self._round_start_step >= self._local_updates:
@@ -89,10 +91,12 @@ class FederatedClientNode(learner.LearnerNode):
         with self._state_lock:
             state = parallel.unreplicate(self._state)
             params = self._unravel(np.asarray(global_params, np.float32))
-            state = self._builder.with_trainable_params(state, params)
+            state = self._builder.state_access.with_trainable_params(state, params)
             self._state = parallel.replicate(state, self._devices)
             with self._params_lock:
-                self._published = parallel.unreplicate(self._builder.actor_params(self._state))
+                self._published = parallel.unreplicate(
+                    self._builder.state_access.actor_params(self._state)
+                )
             self._round_start = np.asarray(global_params, np.float64)
             self._round_start_step = self._steps
         self._training.set()
@@ -152,7 +156,9 @@ class CoordinatorNode(program.Worker):
         self._local_updates = local_updates
         self._report_interval_s = report_interval_s
         self._template = jax.device_get(builder_lib.initial_train_state(builder, spec, seed))
-        flat, self._unravel = flatten_util.ravel_pytree(builder.trainable_params(self._template))
+        flat, self._unravel = flatten_util.ravel_pytree(
+            builder.state_access.trainable_params(self._template)
+        )
         self._global = np.asarray(flat, np.float64)
         self._lock = threading.Lock()
         self._version, self._published = 0, self._actor_params()
@@ -167,8 +173,8 @@ class CoordinatorNode(program.Worker):
 
     def _actor_params(self) -> Any:
         params = self._unravel(np.asarray(self._global, np.float32))
-        state = self._builder.with_trainable_params(self._template, params)
-        return self._builder.actor_params(state)
+        state = self._builder.state_access.with_trainable_params(self._template, params)
+        return self._builder.state_access.actor_params(state)
 
     def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
         """(version, the global model's actor parameters); None if not newer than `newer_than`.

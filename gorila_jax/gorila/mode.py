@@ -77,11 +77,11 @@ def check_agent(builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
             f"(builder.GorilaCapable); {type(builder).__name__} gives only a whole update "
             "step: use learner_mode=sync"
         )
-    if builder.updates_per_dispatch != 1:
+    if builder.batch_plan.updates_per_dispatch != 1:
         raise ValueError(
             f"learner_mode=gorila pushes one gradient per worker call; "
-            f"config.updates_per_dispatch={builder.updates_per_dispatch} runs on the one-host "
-            "sync learner only: set it to 1"
+            f"config.updates_per_dispatch={builder.batch_plan.updates_per_dispatch} runs on "
+            "the one-host sync learner only: set it to 1"
         )
 
 

@@ -183,7 +183,9 @@ def initial_layout(
     builder: builder_lib.AgentBuilder, spec: types.EnvSpec, seed: int, num_shards: int
 ):
     """The shard layout and the initial flat parameters, the same in every process."""
-    params = builder.trainable_params(builder_lib.initial_train_state(builder, spec, seed))
+    params = builder.state_access.trainable_params(
+        builder_lib.initial_train_state(builder, spec, seed)
+    )
     layout = ShardLayout(params, num_shards)
     return layout, layout.flatten(params)
 

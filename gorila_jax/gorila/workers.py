@@ -171,7 +171,7 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         self._state = state
 
     def _rows_to_sample(self) -> int:
-        return builder_lib.batch_size_at(self._builder.batch_schedule, int(self._state.step))
+        return self._builder.batch_plan.batch_size_at(int(self._state.step))
 
     def step_on(self, keys: np.ndarray | None, batch: builder_lib.SampledBatch) -> bool:
         """One gradient from a device batch pushed to all shards; True if it was applied."""

@@ -146,7 +146,7 @@ def check_remedy(remedy: str, tables: Sequence[Any], sample_table: str) -> None:
 
     Args:
       remedy: one of REMEDIES.
-      tables: the agent's `replay.TableSpec`s (`builder.replay_tables`).
+      tables: the agent's `replay.TableSpec`s (`ReplayLayout.tables`).
       sample_table: the name of the table the learners sample.
     """
     if remedy != "downweight":

@@ -84,7 +84,7 @@ class LearnerNode(sync_learner.SyncLearnerNode):
             rollback_lr_factor=rollback_lr_factor,
             rollback_param_noise=rollback_param_noise,
         )
-        self._updates = builder.updates_per_dispatch
+        self._updates = builder.batch_plan.updates_per_dispatch
         self._step_fn = parallel.pmap_step(
             step_lib.make_step(builder, spec, updates=self._updates),
             self._devices,

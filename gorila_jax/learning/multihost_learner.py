@@ -41,10 +41,10 @@ def make_global_step(builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> 
 def check_agent(builder: builder_lib.AgentBuilder, num_hosts: int) -> None:
     """Raises ValueError for an agent setting the multi-host learner cannot run (its global
     step takes one batch per call), as `gorila.mode.check_agent` does for Gorila mode."""
-    if builder.updates_per_dispatch != 1:
+    if builder.batch_plan.updates_per_dispatch != 1:
         raise ValueError(
-            f"config.updates_per_dispatch={builder.updates_per_dispatch} runs on a one-host "
-            f"learner only; num_learner_hosts={num_hosts}: set it to 1"
+            f"config.updates_per_dispatch={builder.batch_plan.updates_per_dispatch} runs on a "
+            f"one-host learner only; num_learner_hosts={num_hosts}: set it to 1"
         )
 
 

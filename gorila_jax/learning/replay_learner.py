@@ -60,7 +60,8 @@ class ReplayLearnerNode(program.Worker):
         self._builder, self._monitor, self._name = builder, monitor, name
         self._devices, self._report_interval_s = devices, report_interval_s
         self._replay = replay.ReplayShards(replay_client)
-        self._codec = builder.item_codec(spec)
+        layout = builder.replay_layout(spec)
+        self._codec, self._sample_table = layout.codec, layout.sample_table
         self._checkpoints: checkpoint.LearnerCheckpoints | None = None
         if checkpoint_dir is not None:
             self._checkpoints = checkpoint.LearnerCheckpoints(
@@ -118,7 +119,7 @@ class ReplayLearnerNode(program.Worker):
     def _start_sampling(self) -> None:
         make_batches = prefetch.sampler(
             self._replay,
-            self._builder.sample_table,
+            self._sample_table,
             self._codec,
             self._stop_event,
             content_hashes=self._duplicates is not None,
@@ -127,8 +128,8 @@ class ReplayLearnerNode(program.Worker):
         self._prefetcher = prefetch.DevicePrefetcher(
             make_batches, self._rows_to_sample, self._devices, self._stop_event
         )
-        self._priorities = self._replay.priority_updater(self._builder.sample_table)
-        tiered = self._replay.cold_tiers(self._builder.sample_table)
+        self._priorities = self._replay.priority_updater(self._sample_table)
+        tiered = self._replay.cold_tiers(self._sample_table)
         if tiered and self._tiers is None:
             self._tiers = replay.TierMetrics(self._replay.nodes, list(tiered))
 

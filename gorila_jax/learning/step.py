@@ -81,8 +81,9 @@ def scale_trainable(builder: builder_lib.AgentBuilder, old: Any, new: Any, scale
             return n
         return jnp.where(scale == 1.0, n, (o + scale.astype(n.dtype) * (n - o)).astype(n.dtype))
 
-    moved = jax.tree.map(move, builder.trainable_params(old), builder.trainable_params(new))
-    return builder.with_trainable_params(new, moved)
+    access = builder.state_access
+    moved = jax.tree.map(move, access.trainable_params(old), access.trainable_params(new))
+    return access.with_trainable_params(new, moved)
 
 
 def _worker_state(update_fns: builder_lib.UpdateFns, state: Any, grads: Any) -> Any:
@@ -137,7 +138,7 @@ def make_step(
         after the next step donates the state. True for a Gorila worker: the
         state keeps its parameters (the shards apply the gradient), and `out`
         is a `GradientOut`, whose scalars reach the host in one transfer.
-      updates: a learner's updates per call (`AgentBuilder.updates_per_dispatch`): the
+      updates: a learner's updates per call (`BatchPlan.updates_per_dispatch`): the
         batch holds that many batches' rows, the guarded update runs on each in turn
         (`lax.scan`), priorities come back for every row in batch order, the metrics
         and parameters are the last update's.
@@ -147,7 +148,7 @@ def make_step(
     update_fns = builder.update_fns(spec)
     # Observations replay keeps in bfloat16 or float8 become float32 here, on the
     # device, so that only the compact bytes cross from the host.
-    expand = builder.item_codec(spec).expand
+    expand = builder.replay_layout(spec).codec.expand
 
     def step(state, guard: NumericGuard, batch: builder_lib.SampledBatch):
         batch = batch._replace(data=expand(batch.data))
@@ -171,7 +172,7 @@ def make_step(
             priorities = jnp.where(finite, priorities, jnp.nan)
         info = builder_lib.StepInfo(priorities, metrics)
         if not gradient_worker:
-            return new, guard, info, builder.actor_params(new)
+            return new, guard, info, builder.state_access.actor_params(new)
         pushable = finite
         if isinstance(grads, precision.CheckedGrads):
             grads, pushable = grads.grads, finite & grads.finite
@@ -203,6 +204,11 @@ def _scanned(step: Callable, updates: int, builder: builder_lib.AgentBuilder) ->
         (state, guard), infos = jax.lax.scan(one, (state, guard), batches)
         priorities = None if infos.priorities is None else infos.priorities.reshape(-1)
         metrics = jax.tree.map(lambda m: m[-1], infos.metrics)
-        return state, guard, builder_lib.StepInfo(priorities, metrics), builder.actor_params(state)
+        return (
+            state,
+            guard,
+            builder_lib.StepInfo(priorities, metrics),
+            builder.state_access.actor_params(state),
+        )
 
     return multi_step

@@ -102,7 +102,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         self._params_lock = threading.Lock()
         self._published: Any = None
         if is_chief:
-            self._published = parallel.unreplicate(builder.actor_params(self._state))
+            self._published = parallel.unreplicate(builder.state_access.actor_params(self._state))
         self._host_params: tuple[int, Any] | None = None
         # Parameter bytes sent to readers (actors, evaluator, per-host caches),
         # so the saving of a per-host cache (gorila_jax/acting/param_cache.py) is measured.
@@ -165,7 +165,9 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             self.rollbacks += 1
             if self._is_chief:
                 with self._params_lock:
-                    self._published = parallel.unreplicate(self._builder.actor_params(self._state))
+                    self._published = parallel.unreplicate(
+                        self._builder.state_access.actor_params(self._state)
+                    )
             self._last_info = None  # the step in flight ran on the abandoned state
         logging.warning(
             "%s: %s; rolled back to the checkpoint of step %d, learning-rate scale now %g",
@@ -194,7 +196,9 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             else leaf
             for leaf in leaves
         ]
-        return self._builder.with_trainable_params(state, jax.tree.unflatten(treedef, noisy))
+        return self._builder.state_access.with_trainable_params(
+            state, jax.tree.unflatten(treedef, noisy)
+        )
 
     def _initial_state(self, spec: types.EnvSpec, seed: int, restore_step: int | None):
         """(state, learner steps): the agent's fresh state, or the one saved at `restore_step`."""
@@ -228,7 +232,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
 
     def batch_size(self) -> int:
         """The global batch the schedule gives at the current learner step."""
-        return builder_lib.batch_size_at(self._builder.batch_schedule, self._steps)
+        return self._builder.batch_plan.batch_size_at(self._steps)
 
     def last_batch_size(self) -> int:
         """The global batch of the latest update (0 before the first)."""

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import config_checks, envs, multiagent, replay
+from gorila_jax import config_checks, envs, multiagent, replay, types
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
 from gorila_jax.federated import privacy
@@ -435,7 +435,7 @@ class ExperimentConfig:
         Raises:
           ValueError: naming the budget and the setting that needs more.
         """
-        needed, why = builder.env_steps_before_first_update()
+        needed, why = builder.batch_plan.first_update_after
         clients = self.num_clients if self.learner_mode == "federated" else 1
         if needed * clients > self.total_env_steps:
             each = f", for each of {clients} clients" if clients > 1 else ""
@@ -556,7 +556,7 @@ class ExperimentConfig:
                 "--replay=reverb)"
             )
 
-    def replay_tiering(self, builder: Any) -> replay.Tiering | None:
+    def replay_tiering(self, builder: Any, spec: types.EnvSpec) -> replay.Tiering | None:
         """The tiers of the agent's replay (`builder_lib.replay_tiers`, in the cold directory);
         None: all in memory.
 
@@ -579,7 +579,7 @@ class ExperimentConfig:
             return None
         cold_dir = self.replay_cold_dir or os.path.join(self.logdir, "replay_cold")
         return replay.Tiering(
-            builder.sample_table,
+            builder.replay_layout(spec).sample_table,
             *sizes,
             os.path.abspath(cold_dir),
             int(self.replay_cold_gb * 2**30),

@@ -26,7 +26,7 @@ from gorila_jax.run.experiment_config import ExperimentConfig
 def make_program(
     builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
 ) -> program_lib.Program:
-    if cfg.replay_tiering(builder) is not None:
+    if cfg.replay_tiering(builder, spec) is not None:
         raise ValueError("learner_mode=federated does not support a tiered replay yet")
     program = program_lib.Program("federated")
     with program.group("monitor", program_lib.Resources(num_cpus=0)):
@@ -35,7 +35,7 @@ def make_program(
         replays = [
             program.add_node(
                 replay.node_class(cfg.replay_backend),
-                functools.partial(builder.replay_tables, spec),
+                functools.partial(builder_lib.replay_tables, builder, spec),
                 **(
                     {"seed": cfg.seed * cfg.num_clients + client}
                     if cfg.replay_backend == replay.NATIVE

@@ -64,7 +64,7 @@ def check_run(builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConf
             cfg.check_budget(builder)
             if cfg.learner_mode == "gorila":
                 mode.check_agent(builder, specs[role])
-            if cfg.replay_tiering(builder) is not None:
+            if cfg.replay_tiering(builder, specs[role]) is not None:
                 raise ValueError("a tiered replay is not supported in a run of role groups yet")
         except ValueError as error:
             raise ValueError(f"role {role}: {error}") from None

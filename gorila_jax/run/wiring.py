@@ -36,11 +36,12 @@ def check_program(
     cfg.check_budget(builder)
     if cfg.balance_interval_s:
         # "downweight" needs priorities in the sampled table.
-        balance.check_remedy(cfg.balance_remedy, builder.replay_tables(spec), builder.sample_table)
+        layout = builder.replay_layout(spec)
+        balance.check_remedy(cfg.balance_remedy, layout.tables, layout.sample_table)
     demonstrations.check_run(cfg.demos, builder, spec, agents_taking_demos)
     if cfg.learner_mode == "gorila":
         mode.check_agent(builder, spec)
-    cfg.replay_tiering(builder)  # raises for a table that cannot be tiered
+    cfg.replay_tiering(builder, spec)  # raises for a table that cannot be tiered
     check_replay_tables(builder, cfg, spec)
 
 
@@ -389,10 +390,10 @@ def _replay_shard_tables(
     """What each replay shard holds: its tables (the agent's, split over the shards) and
     its part of a tiered replay (None each where there is none)."""
     num_shards = cfg.num_replay_shards
-    make_tables = functools.partial(builder.replay_tables, spec)
+    make_tables = functools.partial(builder_lib.replay_tables, builder, spec)
     if num_shards > 1:
         make_tables = functools.partial(replay.shard_tables, make_tables, num_shards)
-    tiering = cfg.replay_tiering(builder)
+    tiering = cfg.replay_tiering(builder, spec)
     tiers = [tiering and tiering.for_shard(shard, num_shards) for shard in range(num_shards)]
     return make_tables, tiers
 

@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from gorila_jax import builder as builder_lib
@@ -46,22 +47,16 @@ def test_the_contract_is_what_the_skeleton_calls():
     # The list each agent is held to below.
     assert set(_contract()) == {
         "config",
-        "sample_table",
-        "batch_size",
-        "batch_schedule",
-        "updates_per_dispatch",
         "validate",
-        "env_steps_before_first_update",
-        "item_codec",
-        "replay_tables",
-        "make_adder",
+        "replay_layout",
+        "batch_plan",
+        "state_access",
         "init_train_state",
         "update_fns",
-        "actor_params",
-        "trainable_params",
-        "with_trainable_params",
         "make_policy",
     }
+    # Issue 37: at most eight; what only some agents do is a capability (below).
+    assert len(_contract()) <= 8
 
 
 # What each agent can do beyond the core contract (gorila_jax/builder.py's capabilities).
@@ -97,9 +92,25 @@ def test_builder_implements_the_whole_contract(agent):
             actual = list(inspect.signature(getattr(builder, name)).parameters)
             assert actual == expected, f"{agent}.{name}{actual}: the skeleton calls it {expected}"
     assert presets.AGENTS[agent].preset_names, f"{agent} has no presets for --preset"
-    fns = builder.update_fns(_smoke_spec(agent))
+    spec = _smoke_spec(agent)
+    fns = builder.update_fns(spec)
     # Either one gradient (Gorila-capable) or a whole step: the learner runs one or the other.
     assert fns.update is not None or (fns.compute_grads and fns.apply_grads)
+    # The grouped members agree with themselves: the sampled table is one of the declared
+    # ones and holds items of the codec's size; the batch plan starts where its schedule
+    # does; the state's trainable parameters go back in unchanged.
+    layout = builder.replay_layout(spec)
+    sampled = {table.name: table for table in layout.tables}[layout.sample_table]
+    assert sampled.item_bytes == layout.codec.num_bytes
+    plan = builder.batch_plan
+    assert plan.batch_size == plan.batch_size_at(0) > 0 and plan.updates_per_dispatch >= 1
+    assert plan.first_update_after[0] > 0 and plan.first_update_after[1]
+    state = builder.init_train_state(jax.random.PRNGKey(0), spec)
+    access = builder.state_access
+    trained = access.trainable_params(state)
+    same = access.trainable_params(access.with_trainable_params(state, trained))
+    assert jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), trained, same))
+    assert jax.tree.leaves(access.actor_params(state))
 
 
 def _smoke_spec(agent: str):

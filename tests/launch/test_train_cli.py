@@ -13,7 +13,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from gorila_jax import multiagent, replay
+from gorila_jax import envs, multiagent, replay
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from launch import presets, train
@@ -354,7 +354,7 @@ def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
         replay_cold_compression="zlib",
     )
     train.check_configs(builder, exp)
-    shard = exp.replay_tiering(builder).for_shard(1, 2)
+    shard = exp.replay_tiering(builder, envs.env_spec("CartPole-v1")).for_shard(1, 2)
     assert shard.cold_bytes == int(1.5 * 2**30) // 2, "each shard takes its part of the disk"
     assert shard.cold_compression == "zlib"
     assert shard.cold_dir == str(tmp_path / "replay_cold" / "shard1")

@@ -150,7 +150,7 @@ def _batch(
         actor_index=actor_index,
     )
     # Through the codec, as the learner receives it from Reverb.
-    data = builder.item_codec(spec).decode(builder.item_codec(spec).encode(traj))
+    data = builder.replay_layout(spec).codec.decode(builder.replay_layout(spec).codec.encode(traj))
     return builder_lib.SampledBatch(data, np.ones(chunks), np.full(chunks, chunks))
 
 
@@ -262,7 +262,7 @@ def test_gaussian_policy_clips_for_the_env_and_scores_the_raw_sample():
     state = builder.init_train_state(jax.random.PRNGKey(0), PENDULUM)
     obs = np.random.default_rng(0).normal(size=(512, 3)).astype(np.float32)
     acting = builder.make_policy(PENDULUM, 0, cfg.num_actors, evaluation=False)
-    action, extras = acting(builder.actor_params(state), obs, jax.random.PRNGKey(1), 0)
+    action, extras = acting(builder.state_access.actor_params(state), obs, jax.random.PRNGKey(1), 0)
     assert action.shape == (512, 1) and np.all(np.abs(action) <= 2.0)
     raw = np.asarray(extras.raw_action)
     assert np.any(np.abs(raw) > 2.0)  # std e^0.5 around a near-zero mean: some samples clip
@@ -276,7 +276,9 @@ def test_gaussian_policy_clips_for_the_env_and_scores_the_raw_sample():
     np.testing.assert_allclose(extras.log_prob, expected, rtol=1e-5, atol=1e-5)
     greedy = builder.make_policy(PENDULUM, 0, 1, evaluation=True)
     np.testing.assert_allclose(
-        greedy(builder.actor_params(state), obs, jax.random.PRNGKey(1), 0), inputs.loc, atol=1e-6
+        greedy(builder.state_access.actor_params(state), obs, jax.random.PRNGKey(1), 0),
+        inputs.loc,
+        atol=1e-6,
     )
 
 
@@ -317,9 +319,9 @@ def test_bad_configs_are_rejected_naming_the_setting(overrides, devices, message
 def test_batch_scales_with_the_number_of_actors_when_asked():
     scaled = dataclasses.replace(TINY, batch_size=8, num_actors=4, scale_batch_with_actors=True)
     fixed = dataclasses.replace(scaled, scale_batch_with_actors=False)
-    assert ppo.PPOBuilder(scaled).batch_size == 32
-    assert ppo.PPOBuilder(fixed).batch_size == 8
-    assert ppo.PPOBuilder(scaled).batch_schedule == ((0, 32),)
+    assert ppo.PPOBuilder(scaled).batch_plan.batch_size == 32
+    assert ppo.PPOBuilder(fixed).batch_plan.batch_size == 8
+    assert ppo.PPOBuilder(scaled).batch_plan.schedule == ((0, 32),)
 
 
 def test_actors_refuse_a_different_actor_count_and_gorila_mode_is_refused():

@@ -9,6 +9,7 @@ import numpy as np
 
 from agents import ppo
 from agents.ppo import learning
+from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
@@ -56,7 +57,7 @@ def _step(t: int, terminated=(0, 0), truncated=(0, 0), valid=(1, 1), version=0) 
 
 def test_chunks_hold_every_step_and_share_their_boundary_observation():
     builder = ppo.PPOBuilder(dataclasses.replace(ppo.PPOConfig(), trajectory_length=3))
-    codec = builder.item_codec(SPEC)
+    codec = builder.replay_layout(SPEC).codec
     recorder = RecordingWriter()
     adder = replay.TrajectoryAdder(recorder, codec, num_envs=2, length=3)
     # env 0 terminates at step 1 (step 2 is its reset step); env 1 is truncated
@@ -114,7 +115,7 @@ def _program(config=TINY) -> program.Program:
     graph = program.Program("ppo-nodes")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            DefaultReplayNode, functools.partial(builder.replay_tables, SPEC)
+            DefaultReplayNode, functools.partial(builder_lib.replay_tables, builder, SPEC)
         )
     with graph.group("learner"):
         learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
@@ -142,7 +143,7 @@ def test_actor_chunks_reach_the_learner_once_and_a_full_queue_holds_the_actor():
 
         # What the actor wrote, checked against CartPole and its own policy.
         # (taking exactly the items asked for: a sampler would take more from the queue.)
-        codec = ppo.PPOBuilder(TINY).item_codec(SPEC)
+        codec = ppo.PPOBuilder(TINY).replay_layout(SPEC).codec
         taken = sampled_items(replay_client, table, 4, exponent=1.0)  # a queue: no priorities
         data = codec.decode(np.stack([row for row, _ in taken.values()]))
         assert np.all(data.reward == np.where(data.valid, 1.0, 0.0))  # CartPole pays 1 a step

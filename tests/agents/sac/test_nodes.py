@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from agents import sac
+from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
 from gorila_jax.learning import learner
 from tests.backends import DefaultReplayNode, first_batch
@@ -49,7 +50,7 @@ def _env_steps(seed: int, count: int) -> list[types.EnvStep]:
 
 def _fill(builder: sac.SACBuilder, replay_node, steps: list[types.EnvStep]) -> None:
     connection = replay.connect(replay_node)
-    adder = builder.make_adder(connection, SPEC, NUM_ENVS, threading.Event())
+    adder = builder.replay_layout(SPEC).make_adder(connection, NUM_ENVS, threading.Event())
     for step in steps:
         adder.add(step)
     # close() confirms every item first: without that the table once held 34 of 40.
@@ -58,13 +59,13 @@ def _fill(builder: sac.SACBuilder, replay_node, steps: list[types.EnvStep]) -> N
 
 def test_continuous_transitions_round_trip_through_replay():
     builder = sac.SACBuilder(CONFIG)
-    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder_lib.replay_tables, builder, SPEC))
     try:
         steps = _env_steps(seed=0, count=10)
         _fill(builder, replay_node, steps)
         # Every item the adder was given is in the table once close() returns.
         assert replay_node.table_info()[sac.builder.TABLE]["size"] == 10 * NUM_ENVS
-        batch = first_batch(replay_node, builder.sample_table, 16, builder.item_codec(SPEC))
+        batch = first_batch(replay_node, sac.builder.TABLE, 16, builder.replay_layout(SPEC).codec)
     finally:
         replay_node.close()
     data = batch.data
@@ -90,7 +91,7 @@ def test_continuous_transitions_round_trip_through_replay():
 
 def test_parameters_an_actor_holds_stay_as_published_while_the_learner_steps():
     builder = sac.SACBuilder(CONFIG)
-    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder_lib.replay_tables, builder, SPEC))
     node = None
     try:
         _fill(builder, replay_node, _env_steps(seed=1, count=10))

@@ -31,7 +31,7 @@ PAST_SCHEDULES = 10**7  # env steps past every epsilon decay and random-step pha
     ids=["dqn", "ppo", "sac"],
 )
 def test_a_policy_given_the_same_key_twice_acts_the_same(builder, spec):
-    params = builder.actor_params(builder_lib.initial_train_state(builder, spec, 0))
+    params = builder.state_access.actor_params(builder_lib.initial_train_state(builder, spec, 0))
     policy = builder.make_policy(spec, 0, 2, evaluation=False)  # PPO's default: 2 actors
     obs = np.random.default_rng(0).normal(size=(1024, *spec.observation_shape))
     obs = obs.astype(np.float32)
@@ -91,7 +91,9 @@ ENV_STEPS = 120  # one env: CartPole episodes of random play end every ~20 steps
 
 @pytest.fixture(scope="module")
 def replay_node():
-    node = DefaultReplayNode(functools.partial(dqn.DQNBuilder(CONFIG).replay_tables, CARTPOLE))
+    node = DefaultReplayNode(
+        functools.partial(builder_lib.replay_tables, dqn.DQNBuilder(CONFIG), CARTPOLE)
+    )
     yield node
     node.close()
 
@@ -99,7 +101,9 @@ def replay_node():
 def _keys_of_a_run(replay_node, actor_index: int, seed: int = 0, restored_env_steps: int = 0):
     """(key bytes, env_steps) of every policy call of one actor run of ENV_STEPS env steps."""
     builder = _RecordingDQN(CONFIG)
-    params = builder.actor_params(builder_lib.initial_train_state(builder, CARTPOLE, seed))
+    params = builder.state_access.actor_params(
+        builder_lib.initial_train_state(builder, CARTPOLE, seed)
+    )
     node = actor.ActorNode(
         builder,
         CARTPOLE,

@@ -14,7 +14,9 @@ from tests import fakes
 
 SPEC = envs.env_spec("CartPole-v1")
 BUILDER = dqn.DQNBuilder(dataclasses.replace(dqn.DQNConfig(), hidden_sizes=(16,)))
-PARAMS = jax.device_get(BUILDER.actor_params(builder_lib.initial_train_state(BUILDER, SPEC, 0)))
+PARAMS = jax.device_get(
+    BUILDER.state_access.actor_params(builder_lib.initial_train_state(BUILDER, SPEC, 0))
+)
 
 
 class _Learner:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agents import dqn
+from gorila_jax import builder as builder_lib
 from gorila_jax import envs
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
@@ -35,7 +36,7 @@ def _program(actor_steps: int, config: dqn.DQNConfig = CONFIG) -> program.Progra
     graph = program.Program("nodes")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            DefaultReplayNode, functools.partial(builder.replay_tables, SPEC)
+            DefaultReplayNode, functools.partial(builder_lib.replay_tables, builder, SPEC)
         )
     with graph.group("learner"):
         learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
@@ -69,7 +70,7 @@ def test_actor_writes_consistent_n_step_transitions_and_learner_changes_prioriti
         # Items on the table: CartPole pays 1 per step, so an m-step item has
         # reward (1 - gamma**m) / (1 - gamma) and discount gamma**m, or 0 at a
         # termination; m is N_STEP except at episode ends.
-        codec = dqn.DQNBuilder(CONFIG).item_codec(SPEC)
+        codec = dqn.DQNBuilder(CONFIG).replay_layout(SPEC).codec
         batch = first_batch(replay_client, table, 64, codec)
         reward, discount = batch.data.reward, batch.data.discount
         bootstrapped = discount > 0
@@ -133,7 +134,7 @@ def test_actor_stops_at_its_env_step_budget():
 
 def test_learner_rejects_more_devices_than_the_host_has():
     builder = dqn.DQNBuilder(CONFIG)
-    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder_lib.replay_tables, builder, SPEC))
     try:
         with pytest.raises(ValueError, match="num_learner_devices=8 but this host has 4"):
             learner.LearnerNode(builder, SPEC, replay_node, None, 0, num_devices=8)

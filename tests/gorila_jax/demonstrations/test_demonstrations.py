@@ -116,10 +116,12 @@ def test_demonstration_rows_are_spread_so_every_block_holds_its_share(rows, frac
 def _server_with_demos(builder, spec, demo_dir):
     """DQN's (or SAC's) own table without a rate limiter, and the demonstration table, loaded
     through the agent's adder as the first replay shard loads it."""
-    codec = builder.item_codec(spec)
+    codec = builder.replay_layout(spec).codec
 
     def tables():
-        own = dataclasses.replace(builder.replay_tables(spec)[0], rate_limit=replay.RateLimit(1))
+        own = dataclasses.replace(
+            builder.replay_layout(spec).tables[0], rate_limit=replay.RateLimit(1)
+        )
         return [own, replay.demo_table(codec.num_bytes)]
 
     loader = demonstrations.Loader(demo_dir, builder, spec)
@@ -134,7 +136,7 @@ def test_loading_writes_one_item_per_step_once_across_restores(demo_dir, tmp_pat
         assert node.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
     finally:
         node.close()
-    codec = builder.item_codec(CARTPOLE)
+    codec = builder.replay_layout(CARTPOLE).codec
     loader = demonstrations.Loader(demo_dir, builder, CARTPOLE)
 
     def restored_size(checkpoint_dir: str, loaded_before: bool) -> int:
@@ -170,7 +172,7 @@ def test_a_learner_samples_demonstrations_at_the_configured_share_and_sends_no_p
     node, codec = _server_with_demos(builder, CARTPOLE, demo_dir)
     learner_node = learner.LearnerNode(builder, CARTPOLE, node, None, 0, 1)
     try:
-        writer = replay.connect(node).writer(builder.sample_table)
+        writer = replay.connect(node).writer(dqn.builder.TABLE)
         writer.write(codec.encode(random_transitions(1000, seed=0), source=0), np.ones(1000))
         writer.close()
         for _ in range(40):
@@ -185,7 +187,7 @@ def test_a_learner_samples_demonstrations_at_the_configured_share_and_sends_no_p
     try:
         # New priorities reached the learner's own items (written at 1.0), and nothing
         # was lost or added in the demonstration table.
-        sampled = sampled_items(node, builder.sample_table, 200, DQN_CONFIG.priority_exponent)
+        sampled = sampled_items(node, dqn.builder.TABLE, 200, DQN_CONFIG.priority_exponent)
         priorities = {round(priority, 4) for _, priority in sampled.values()}
         assert priorities - {1.0}
         assert node.table_info()[replay.DEMO_TABLE]["size"] == 4 * 500
@@ -229,7 +231,7 @@ def test_sac_learns_from_batches_mixed_with_demonstrations(tmp_path):
         # Items of its own table, as actor 0's adder writes them: other random episodes.
         own = demonstrations.record("Pendulum-v1", random_torque, episodes=1, seed=1)
         connection = replay.connect(node)
-        adder = builder.make_adder(connection, spec, 1, threading.Event())
+        adder = builder.replay_layout(spec).make_adder(connection, 1, threading.Event())
         demonstrations.add_episodes(adder, own, source=0)
         adder.close()
         for _ in range(20):

@@ -43,7 +43,9 @@ def _last_metrics(logdir) -> dict[str, float]:
 
 def _parameter_count(builder, env_id: str) -> int:
     state = builder_lib.initial_train_state(builder, envs.env_spec(env_id), 0)
-    flat, _ = flatten_util.ravel_pytree(jax.device_get(builder.trainable_params(state)))
+    flat, _ = flatten_util.ravel_pytree(
+        jax.device_get(builder.state_access.trainable_params(state))
+    )
     return flat.size
 
 

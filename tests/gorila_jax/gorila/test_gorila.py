@@ -34,7 +34,7 @@ def _gorila_program(
     graph = program.Program("gorila-test")
     with graph.group("replay"):
         replay_node = graph.add_node(
-            DefaultReplayNode, functools.partial(builder.replay_tables, SPEC)
+            DefaultReplayNode, functools.partial(builder_lib.replay_tables, builder, SPEC)
         )
     with graph.group("parameter_server"):
         shards = [

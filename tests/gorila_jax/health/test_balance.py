@@ -282,14 +282,13 @@ def test_downweighting_needs_a_prioritized_table(tmp_path):
         (ppo.PPOBuilder(ppo.PPOConfig()), cartpole, "queue"),
         (sac.SACBuilder(sac.SACConfig()), pendulum, "uniform"),
     ):
-        tables = builder.replay_tables(spec)
+        layout = builder.replay_layout(spec)
         with pytest.raises(ValueError, match=f"samples by '{sampler}', without priorities"):
-            balance.check_remedy("downweight", tables, builder.sample_table)
-        balance.check_remedy("replace", tables, builder.sample_table)  # the others work anywhere
-    dqn_builder = dqn.DQNBuilder(CONFIG)
-    balance.check_remedy(
-        "downweight", dqn_builder.replay_tables(cartpole), dqn_builder.sample_table
-    )
+            balance.check_remedy("downweight", layout.tables, layout.sample_table)
+        # The others work anywhere.
+        balance.check_remedy("replace", layout.tables, layout.sample_table)
+    layout = dqn.DQNBuilder(CONFIG).replay_layout(cartpole)
+    balance.check_remedy("downweight", layout.tables, layout.sample_table)
     # The run refuses before anything starts or changes in its logdir.
     cfg = _experiment(tmp_path / "run", balance_remedy="downweight")
     with pytest.raises(ValueError, match="balance_remedy='downweight'"):
@@ -321,13 +320,13 @@ def learner_on_a_dqn_table(
     limiter (which would hold samples back with no new inserts); and the items' codec."""
     spec = envs.env_spec("CartPole-v1")
     builder = dqn.DQNBuilder(config)
-    codec = builder.item_codec(spec)
+    codec = builder.replay_layout(spec).codec
 
     def table():
         limiter = replay.RateLimit(1)
         return [
             replay.prioritized_table(
-                builder.sample_table, 5000, config.priority_exponent, limiter, codec.num_bytes
+                dqn.builder.TABLE, 5000, config.priority_exponent, limiter, codec.num_bytes
             )
         ]
 
@@ -338,7 +337,7 @@ def learner_on_a_dqn_table(
 def test_downweighting_lowers_the_dominant_actors_share_of_what_the_learner_samples():
     # 90 % of the items are actor 1's.
     replay_node, node, codec = learner_on_a_dqn_table(CONFIG)
-    table = dqn.DQNBuilder(CONFIG).sample_table
+    table = dqn.builder.TABLE
 
     def steps(count: int) -> dict:
         for _ in range(count):

@@ -29,7 +29,7 @@ def test_a_maximum_off_the_doubling_path_is_reached_last_and_no_growth_is_fixed(
 
 def test_the_rate_limiter_buffer_holds_the_largest_batch():
     config = dataclasses.replace(dqn.DQNConfig(), batch_size=256, batch_size_max=1024)
-    assert max(size for _, size in dqn.DQNBuilder(config).batch_schedule) == 1024
+    assert max(size for _, size in dqn.DQNBuilder(config).batch_plan.schedule) == 1024
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from agents import dqn
+from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
 from gorila_jax.distributed import launchers
 from gorila_jax.learning import checkpoint
@@ -164,10 +165,10 @@ def _fake_run(logdir, steps: list[int]) -> None:
     """Learner and replay checkpoints at `steps`, each with a state of its own, as a run leaves."""
     builder = dqn.DQNBuilder(CONFIG)
     node = DefaultReplayNode(
-        functools.partial(builder.replay_tables, SPEC),
+        functools.partial(builder_lib.replay_tables, builder, SPEC),
         checkpoint_dir=checkpoint.replay_dir(logdir),
     )
-    codec = builder.item_codec(SPEC)
+    codec = builder.replay_layout(SPEC).codec
     writer = replay.connect(node).writer(dqn.builder.TABLE)
     obs = SPEC.zeros_observation(10)
     zeros = np.zeros(10, np.float32)

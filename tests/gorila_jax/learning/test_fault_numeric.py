@@ -183,7 +183,7 @@ class _NanBatches:
 
 
 def _fill(replay_node, builder, count: int) -> None:
-    codec = builder.item_codec(SPEC)
+    codec = builder.replay_layout(SPEC).codec
     items = codec.encode(_random_batch(0, size=count).data)
     writer = replay.connect(replay_node).writer(dqn.builder.TABLE)
     writer.write(items, np.ones(count))
@@ -193,7 +193,8 @@ def _fill(replay_node, builder, count: int) -> None:
 def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate(tmp_path):
     builder = dqn.DQNBuilder(CONFIG)
     replay_node = DefaultReplayNode(
-        functools.partial(builder.replay_tables, SPEC), checkpoint_dir=str(tmp_path / "replay")
+        functools.partial(builder_lib.replay_tables, builder, SPEC),
+        checkpoint_dir=str(tmp_path / "replay"),
     )
     node = learner.LearnerNode(
         builder,
@@ -235,7 +236,7 @@ def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate
 
 def test_without_a_checkpoint_the_rollback_fails_with_the_reason(tmp_path):
     builder = dqn.DQNBuilder(CONFIG)
-    replay_node = DefaultReplayNode(functools.partial(builder.replay_tables, SPEC))
+    replay_node = DefaultReplayNode(functools.partial(builder_lib.replay_tables, builder, SPEC))
     node = learner.LearnerNode(
         builder, SPEC, replay_node, None, 0, num_devices=1, max_nonfinite_steps=2
     )

@@ -65,7 +65,7 @@ def _child_main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     builder = dqn.DQNBuilder(CONFIG)
     replay_node = DefaultReplayNode(
-        lambda: builder.replay_tables(SPEC),
+        lambda: builder.replay_layout(SPEC).tables,
         checkpoint_dir=os.path.join(args.dir, f"replay{args.process_id}"),
     )
     node = multihost_learner.MultiHostLearnerNode(

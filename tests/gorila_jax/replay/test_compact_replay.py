@@ -82,7 +82,7 @@ def test_the_float8_scale_is_the_same_in_every_process_and_fits_a_random_policy(
 )
 def test_bytes_per_item_shrink_with_the_dtype(dtype_name, obs_bytes):
     spec = envs.env_spec("HalfCheetah-v4")
-    codec = sac.SACBuilder(sac.SACConfig(replay_obs_dtype=dtype_name)).item_codec(spec)
+    codec = sac.SACBuilder(sac.SACConfig(replay_obs_dtype=dtype_name)).replay_layout(spec).codec
     # Two observations, 6 actions, reward and discount (float32), the source trailer.
     assert codec.num_bytes == 2 * obs_bytes + 6 * 4 + 2 * 4 + replay.SOURCE_BYTES
 
@@ -113,7 +113,7 @@ def _transitions(count: int, spec: types.EnvSpec, seed: int) -> types.Transition
 def test_a_replay_round_trip_keeps_compact_bytes_and_decodes_on_the_learners_device(backend):
     spec = envs.env_spec("HalfCheetah-v4")
     builder = sac.SACBuilder(sac.SACConfig(replay_obs_dtype="float8_e4m3"))
-    codec = builder.item_codec(spec)
+    codec = builder.replay_layout(spec).codec
     items = _transitions(8, spec, seed=0)
     node = replay.node_class(backend)(lambda: [_table(codec)])
     try:
@@ -146,7 +146,7 @@ def test_a_sac_update_on_float8_observations_stays_close_to_float32():
     results = {}
     for dtype_name in ("float32", "float8_e4m3"):
         builder = sac.SACBuilder(dataclasses.replace(tiny, replay_obs_dtype=dtype_name))
-        codec = builder.item_codec(spec)
+        codec = builder.replay_layout(spec).codec
         data = codec.decode(codec.encode(items))  # what the learner samples
         batch = builder_lib.SampledBatch(data, np.full(64, 1 / 64), np.full(64, 64, np.int64))
         devices = jax.devices()[:1]

@@ -23,7 +23,7 @@ CONFIG = dataclasses.replace(
 
 
 def test_content_hashes_ignore_the_writer_and_tell_contents_apart():
-    codec = dqn.DQNBuilder(CONFIG).item_codec(envs.env_spec("CartPole-v1"))
+    codec = dqn.DQNBuilder(CONFIG).replay_layout(envs.env_spec("CartPole-v1")).codec
     batch = random_transitions(500, seed=0)
     by_actor_0 = codec.content_hashes(codec.encode(batch, source=0))
     by_actor_3 = codec.content_hashes(codec.encode(batch, source=3))
@@ -65,7 +65,7 @@ def test_a_negative_bonus_is_rejected_naming_the_field_and_zero_turns_it_off():
 def test_a_learner_adds_eps_sqrt_n_to_the_new_priority_of_a_transition_n_actors_wrote():
     # Actors 0, 1 and 2 each wrote the same 100 transitions; actor 0 also 100 of its own.
     replay_node, node, codec = learner_on_a_dqn_table(CONFIG)
-    table = dqn.DQNBuilder(CONFIG).sample_table
+    table = dqn.builder.TABLE
     shared, own = random_transitions(100, seed=1), random_transitions(100, seed=2)
     try:
         writer = replay.connect(replay_node).writer(table)

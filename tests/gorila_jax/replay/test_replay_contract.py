@@ -301,9 +301,9 @@ def test_an_actor_item_of_the_wrong_shape_or_dtype_is_refused_naming_the_field(f
     """Through the DQN agent's own adder, as an actor writes: the table stays empty."""
     spec = envs.env_spec("CartPole-v1")
     builder = dqn.DQNBuilder(dqn.DQNConfig(n_step=1))
-    node = replay.NativeReplayNode(lambda: builder.replay_tables(spec))
+    node = replay.NativeReplayNode(lambda: builder.replay_layout(spec).tables)
     try:
-        adder = builder.make_adder(replay.connect(node), spec, 4, threading.Event())
+        adder = builder.replay_layout(spec).make_adder(replay.connect(node), 4, threading.Event())
         step = types.EnvStep(
             observation=np.zeros((4, 4), np.float32),
             action=np.zeros(4, np.int32),
@@ -316,7 +316,7 @@ def test_an_actor_item_of_the_wrong_shape_or_dtype_is_refused_naming_the_field(f
         with pytest.raises(ValueError, match=message):
             adder.add(step._replace(**{field: bad}))
         adder.close()
-        assert node.table_info()[builder.sample_table]["size"] == 0
+        assert node.table_info()[builder.replay_layout(spec).sample_table]["size"] == 0
     finally:
         node.close()
 

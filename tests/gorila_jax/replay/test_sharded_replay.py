@@ -316,7 +316,7 @@ def test_a_shard_restarted_at_another_address_is_sampled_again():
 def test_each_shard_keeps_its_share_of_the_tables():
     config = dataclasses.replace(dqn.DQNConfig(), min_replay_size=100, max_replay_size=1000)
     spec = envs.env_spec("CartPole-v1")
-    make_tables = functools.partial(dqn.DQNBuilder(config).replay_tables, spec)
+    make_tables = functools.partial(builder_lib.replay_tables, dqn.DQNBuilder(config), spec)
     (whole,) = make_tables()
     (shard,) = replay.shard_tables(make_tables, 4)
     assert shard.max_size == 250
@@ -373,7 +373,7 @@ def _actor_program(budgets: dict[int, int]) -> program.Program:
     builder = dqn.DQNBuilder(CONFIG)
     graph = program.Program("shards")
     make_tables = functools.partial(
-        replay.shard_tables, functools.partial(builder.replay_tables, SPEC), 2
+        replay.shard_tables, functools.partial(builder_lib.replay_tables, builder, SPEC), 2
     )
     with graph.group("replay"):
         shards = [graph.add_node(DefaultReplayNode, make_tables) for _ in range(2)]
