@@ -17,7 +17,7 @@ from agents import dqn
 from gorila_jax.distributed import launchers, placement, program
 from gorila_jax.health import monitor
 from gorila_jax.health import supervisor as supervisor_lib
-from gorila_jax.run import elastic, experiment, wiring
+from gorila_jax.run import elastic, experiment, tasks, wiring
 from tests import fakes
 from tests.gorila_jax.learning.test_checkpoint import CONFIG, SPEC, _experiment
 from tests.gorila_jax.health.test_fault_nodes import (
@@ -487,7 +487,7 @@ def test_removing_actors_never_leaves_a_replay_shard_without_a_writer(tmp_path):
     with pytest.raises(ValueError, match="actor/3: it is the last actor writing to replay shard 1"):
         wiring.remove_actor(running, "actor/3")
     assert running.removed_nodes == ["actor/1"]
-    scaler = experiment._actor_scaler(running, builder, cfg, SPEC)
+    scaler = tasks.OneTask(builder, cfg).actor_scaler(running)
     _write_control(tmp_path, "1")
     lines = scaler.poll(_snapshot(0), dict)
     assert "asks for 1 actors; using 2" in lines[0]
