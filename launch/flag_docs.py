@@ -1,12 +1,15 @@
-"""docs/flags.md's table of flags, made from launch.train's flags: its own, and one per
+"""docs/flags.md's generated tables.
+
+The table of flags, made from launch.train's flags: its own, and one per
 `ExperimentConfig` field in that field's group, each with the help it was declared with
-(`config_checks.setting`), as `--helpfull` shows them.
+(`config_checks.setting`), as `--helpfull` shows them. And the table of settings that
+do not combine, made from `gorila_jax/run/combinations.py`, the table the checks use.
 
-    python -m launch.flag_docs          # rewrites the table in docs/flags.md
-    python -m launch.flag_docs --check  # exit 1 if the table is stale
+    python -m launch.flag_docs          # rewrites both tables in docs/flags.md
+    python -m launch.flag_docs --check  # exit 1 if one is stale
 
-tests/launch/test_flag_docs.py fails when the table is stale. To change a row, change the
-flag's help (or the setting's) and run this.
+tests/launch/test_flag_docs.py fails when one is stale. To change a row, change the
+flag's help (or the setting's, or the combinations table) and run this.
 """
 
 import dataclasses
@@ -15,12 +18,17 @@ import sys
 
 from absl import flags
 
-from gorila_jax.run import experiment
+from gorila_jax.run import combinations, experiment
 from launch import train
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "flags.md"
 BEGIN = "<!-- the flags table: `python -m launch.flag_docs` writes it; edit the flags' help -->"
 END = "<!-- end of the flags table -->"
+COMBINATIONS_BEGIN = (
+    "<!-- settings that do not combine: `python -m launch.flag_docs` writes it from "
+    "gorila_jax/run/combinations.py -->"
+)
+COMBINATIONS_END = "<!-- end of the combinations table -->"
 
 
 def _default(flag: flags.Flag) -> str:
@@ -69,23 +77,39 @@ def render() -> str:
     return "\n".join([*lines, "", END])
 
 
+def render_combinations() -> str:
+    """The table of settings that do not combine, between its markers."""
+    return "\n".join([COMBINATIONS_BEGIN, "", combinations.markdown_table(), "", COMBINATIONS_END])
+
+
+def _block(text: str, begin: str, end: str) -> str:
+    if begin not in text or end not in text:
+        raise ValueError(f"{DOC} has no table markers ({begin!r} ... {end!r})")
+    return text[text.index(begin) : text.index(end) + len(end)]
+
+
 def current() -> str:
-    """The table as docs/flags.md has it now."""
-    text = DOC.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{DOC} has no flags table markers ({BEGIN!r} ... {END!r})")
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
+    """The flags table as docs/flags.md has it now."""
+    return _block(DOC.read_text(), BEGIN, END)
+
+
+def current_combinations() -> str:
+    """The combinations table as docs/flags.md has it now."""
+    return _block(DOC.read_text(), COMBINATIONS_BEGIN, COMBINATIONS_END)
 
 
 def main(argv: list[str]) -> int:
-    table = render()
+    fresh = {current(): render(), current_combinations(): render_combinations()}
     if "--check" in argv:
-        stale = current() != table
+        stale = any(now != new for now, new in fresh.items())
         if stale:
             print(f"{DOC} is stale: run python -m launch.flag_docs", file=sys.stderr)
         return int(stale)
-    DOC.write_text(DOC.read_text().replace(current(), table))
-    print(f"wrote the flags table of {DOC}")
+    text = DOC.read_text()
+    for now, new in fresh.items():
+        text = text.replace(now, new)
+    DOC.write_text(text)
+    print(f"wrote the tables of {DOC}")
     return 0
 
 

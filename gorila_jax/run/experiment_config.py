@@ -17,7 +17,7 @@ from gorila_jax.federated import privacy
 from gorila_jax.gorila import compression
 from gorila_jax.health import balance
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import elastic
+from gorila_jax.run import combinations, elastic
 from gorila_jax.run import logdir as logdir_lib
 
 LEARNER_MODES = ("sync", "gorila", "federated")
@@ -451,7 +451,7 @@ class ExperimentConfig:
         logdir_lib.check_writable(self.logdir)
         envs.check_env_id(self.env_id)
         self._check_hosts()
-        self._check_launcher()
+        combinations.check_settings(self)
         self._check_replay()
         if not 0 < self.rollback_lr_factor <= 1:
             raise ValueError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
@@ -480,22 +480,6 @@ class ExperimentConfig:
             asked.append("wandb_mode")
         if asked:
             raise ValueError(f"{', '.join(asked)} need wandb_project (W&B logging is off)")
-
-    def _check_launcher(self) -> None:
-        """What only the ray launcher does, asked of launchpad: refused before anything starts."""
-        if self.launcher != "launchpad":
-            return
-        ray_only = {
-            "ray_address": self.ray_address,
-            "elastic_interval_s": self.elastic_interval_s,
-            "balance_remedy=replace": self.balance_interval_s and self.balance_remedy == "replace",
-        }
-        asked = [name for name, value in ray_only.items() if value]
-        if asked:
-            raise ValueError(
-                f"launcher=launchpad cannot do what {', '.join(asked)} asks (Ray clusters, adding "
-                "or replacing actors while running); use launcher=ray"
-            )
 
     def _check_hosts(self) -> None:
         """Learner hosts and per-host parameter caches: the settings they need together."""
@@ -631,19 +615,6 @@ class ExperimentConfig:
                 f"num_actors ({self.num_actors}) must be at least num_clients "
                 f"({self.num_clients}): every client acts in its own envs"
             )
-        unsupported = {
-            "resume": self.resume,
-            "num_replay_shards > 1": self.num_replay_shards > 1,
-            "num_learner_hosts > 1": self.num_learner_hosts > 1,
-            "param_cache_per_host": self.param_cache_per_host,
-            "elastic_interval_s": self.elastic_interval_s,
-            # Adding and removing actors wires them as a single-learner run's.
-            "balance_remedy=replace": self.balance_interval_s and self.balance_remedy == "replace",
-            "demos": self.demos,
-        }
-        refused = [name for name, value in unsupported.items() if value]
-        if refused:
-            raise ValueError(f"learner_mode=federated does not support {', '.join(refused)} yet")
         settings = self.privacy_settings()
         if settings is None:
             if self.dp_target_epsilon is not None:

@@ -26,8 +26,6 @@ from gorila_jax.run.experiment_config import ExperimentConfig
 def make_program(
     builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
 ) -> program_lib.Program:
-    if cfg.replay_tiering(builder, spec) is not None:
-        raise ValueError("learner_mode=federated does not support a tiered replay yet")
     program = program_lib.Program("federated")
     with program.group("monitor", program_lib.Resources(num_cpus=0)):
         monitor_node = program.add_node(monitor.MonitorNode, restored={})

@@ -22,50 +22,29 @@ from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import mode, parameter_server
 from gorila_jax.health import monitor
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import wiring
+from gorila_jax.run import combinations, wiring
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
 def check_run(builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConfig) -> None:
-    """Raises ValueError for what a run of role groups cannot do yet, or a builder per
-    role that does not fit its role's agents (saying which role)."""
+    """Raises ValueError for an agent a run of role groups cannot take yet, or a builder
+    per role that does not fit its role's agents (saying which role)."""
     specs = multiagent.role_specs(cfg.env_id)
     if set(builders) != set(specs):
         raise ValueError(
             f"{cfg.env_id} has roles {', '.join(sorted(specs))}; got agents for "
             f"{', '.join(sorted(builders)) or 'none'}"
         )
-    unsupported = {
-        "learner_mode=federated": cfg.learner_mode == "federated",
-        "launcher=launchpad": cfg.launcher == "launchpad",
-        "num_learner_hosts": cfg.num_learner_hosts > 1,
-        "demos": bool(cfg.demos),
-        "param_cache_per_host": cfg.param_cache_per_host,
-        # The actor count stays as launched (a control file is answered that it cannot
-        # change), and data balance is off: it weighs one replay's writers.
-        "elastic_interval_s": bool(cfg.elastic_interval_s),
-        "stop_at_eval_return": cfg.stop_at_eval_return is not None,
-        # Under `local` every role's learner pmaps in one process: two programs of
-        # cross-device collectives on the same devices at once can wait on each other
-        # for ever (seen with 4 CPU devices: both learners and the actor stood still).
-        "num_learner_devices above 1 with launcher=local": (
-            cfg.launcher == "local" and cfg.num_learner_devices > 1
-        ),
-    }
-    asked = [name for name, value in unsupported.items() if value]
-    if asked:
-        raise ValueError(
-            f"{cfg.env_id} has several roles ({', '.join(sorted(specs))}); a run of role groups "
-            f"does not support {', '.join(asked)} yet (docs/multiagent.md)"
-        )
+    # What a run of role groups cannot do yet, of the settings alone, was refused as they
+    # were validated (combinations.py); of the agents, here.
+    combinations.check_agents(cfg, list(builders.values()))
     for role, builder in builders.items():
         try:
             builder.validate(cfg.num_learner_devices or 1, specs[role])
             cfg.check_budget(builder)
             if cfg.learner_mode == "gorila":
                 mode.check_agent(builder, specs[role])
-            if cfg.replay_tiering(builder, specs[role]) is not None:
-                raise ValueError("a tiered replay is not supported in a run of role groups yet")
+            cfg.replay_tiering(builder, specs[role])  # raises for cold settings without tiers
         except ValueError as error:
             raise ValueError(f"role {role}: {error}") from None
 

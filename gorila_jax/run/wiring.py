@@ -17,6 +17,7 @@ from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import mode, shard_node
 from gorila_jax.health import balance, monitor
 from gorila_jax.learning import checkpoint, learner, multihost_learner, sync_learner
+from gorila_jax.run import combinations
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
@@ -41,6 +42,7 @@ def check_program(
     demonstrations.check_run(cfg.demos, builder, spec, agents_taking_demos)
     if cfg.learner_mode == "gorila":
         mode.check_agent(builder, spec)
+    combinations.check_agents(cfg, [builder])
     cfg.replay_tiering(builder, spec)  # raises for a table that cannot be tiered
     check_replay_tables(builder, cfg, spec)
 

@@ -4,12 +4,24 @@ import dataclasses
 
 from absl import flags
 
-from gorila_jax.run import experiment
+from gorila_jax.run import combinations, experiment
 from launch import flag_docs, train
 
 
 def test_the_flags_table_in_the_docs_is_fresh():
     assert flag_docs.current() == flag_docs.render(), "run: python -m launch.flag_docs"
+
+
+def test_the_combinations_table_in_the_docs_is_fresh_and_names_every_refusal():
+    table = flag_docs.render_combinations()
+    assert flag_docs.current_combinations() == table, "run: python -m launch.flag_docs"
+    for kind in combinations.KINDS:
+        (row,) = [
+            line
+            for line in table.splitlines()
+            if line.startswith("|") and line.split("|")[1].strip().strip("`") == kind.name
+        ]
+        assert all(feature in row for feature in kind.refuses), row
 
 
 def test_the_table_is_the_same_after_a_command_line_defined_the_config_flag():
@@ -45,7 +57,8 @@ def test_the_table_has_every_setting_once_with_its_help():
 def test_check_fails_on_a_stale_table_and_the_rewrite_mends_it(tmp_path, monkeypatch, capsys):
     doc = tmp_path / "flags.md"
     stale = flag_docs.render().replace("Actor nodes.", "Actors, as they were once described.")
-    doc.write_text(f"# Flags\n\n{stale}\n\nProse after the table stays.\n")
+    combos = flag_docs.render_combinations()
+    doc.write_text(f"# Flags\n\n{stale}\n\n{combos}\n\nProse after the table stays.\n")
     monkeypatch.setattr(flag_docs, "DOC", doc)
     assert flag_docs.main(["--check"]) == 1
     assert "stale" in capsys.readouterr().err

@@ -319,7 +319,7 @@ def test_role_runs_refuse_what_they_cannot_do_yet_naming_it(tmp_path):
         (dict(num_learner_devices=2), "num_learner_devices above 1 with launcher=local"),
     ]:
         with pytest.raises(ValueError, match=f"several roles.*does not support {expected}"):
-            role_program.check_run(builders, _experiment(tmp_path, **setting))
+            experiment.check_run(builders, _experiment(tmp_path, **setting))
     # --resume looks for each role's checkpoints in its own directory.
     with pytest.raises(ValueError, match="resume: no checkpoint in .*/roles/adversary/"):
         _experiment(tmp_path, resume=True).validate()

@@ -1,0 +1,155 @@
+"""Which settings a kind of run cannot combine with yet: one table, from which the checks,
+their messages and docs/flags.md's table ("Settings that do not combine") are made.
+
+A kind of run (a launcher, a learning mode, a multi-agent env of several roles) refuses
+some features by name. `check_settings` refuses them from the settings alone, as the
+config is validated; `check_agents` refuses those that depend on the agent (a tiered
+replay), as the run is checked with its builders. Each feature is checked in one of the
+two, never both.
+"""
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from gorila_jax import builder as builder_lib
+from gorila_jax import multiagent
+
+# Feature name (as refusals and the docs name it) -> whether the settings ask for it.
+SETTING_FEATURES: dict[str, Callable[[Any], bool]] = {
+    "resume": lambda cfg: bool(cfg.resume),
+    "ray_address": lambda cfg: bool(cfg.ray_address),
+    "num_replay_shards > 1": lambda cfg: cfg.num_replay_shards > 1,
+    "num_learner_hosts > 1": lambda cfg: cfg.num_learner_hosts > 1,
+    "param_cache_per_host": lambda cfg: bool(cfg.param_cache_per_host),
+    "elastic_interval_s": lambda cfg: bool(cfg.elastic_interval_s),
+    "balance_remedy=replace": lambda cfg: bool(
+        cfg.balance_interval_s and cfg.balance_remedy == "replace"
+    ),
+    "demos": lambda cfg: bool(cfg.demos),
+    "stop_at_eval_return": lambda cfg: cfg.stop_at_eval_return is not None,
+    "learner_mode=federated": lambda cfg: cfg.learner_mode == "federated",
+    "launcher=launchpad": lambda cfg: cfg.launcher == "launchpad",
+    "num_learner_devices above 1 with launcher=local": lambda cfg: (
+        cfg.launcher == "local" and cfg.num_learner_devices > 1
+    ),
+}
+# Feature name -> whether one of the run's agents asks for it.
+AGENT_FEATURES: dict[str, Callable[[builder_lib.AgentBuilder], bool]] = {
+    "a tiered replay": lambda builder: builder_lib.replay_tiers(builder) is not None,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunKind:
+    """A kind of run and the features it refuses.
+
+    Attributes:
+      name: as the docs' table names it.
+      applies: whether the settings make a run of this kind.
+      refuses: feature names (of SETTING_FEATURES or AGENT_FEATURES).
+      refusal: the message; `{asked}` is filled with the features asked for, and
+        `{env_id}` and `{roles}` with the env's.
+      why: the docs' reason.
+    """
+
+    name: str
+    applies: Callable[[Any], bool]
+    refuses: tuple[str, ...]
+    refusal: str
+    why: str
+
+
+KINDS = (
+    RunKind(
+        "launcher=launchpad",
+        lambda cfg: cfg.launcher == "launchpad",
+        ("ray_address", "elastic_interval_s", "balance_remedy=replace"),
+        "launcher=launchpad cannot do what {asked} asks (Ray clusters, adding or replacing "
+        "actors while running); use launcher=ray",
+        "Launchpad's program is fixed once launched and has no cluster address",
+    ),
+    RunKind(
+        "learner_mode=federated",
+        lambda cfg: cfg.learner_mode == "federated",
+        (
+            "resume",
+            "num_replay_shards > 1",
+            "num_learner_hosts > 1",
+            "param_cache_per_host",
+            "elastic_interval_s",
+            # Adding and removing actors wires them as a single-learner run's.
+            "balance_remedy=replace",
+            "demos",
+            "a tiered replay",
+        ),
+        "learner_mode=federated does not support {asked} yet",
+        "each client has its own replay and learner, wired apart from a single-learner "
+        "run's; a federated run keeps no checkpoints yet",
+    ),
+    RunKind(
+        "a multi-agent env of several roles (role groups)",
+        lambda cfg: bool(multiagent.roles_of(cfg.env_id)),
+        (
+            "learner_mode=federated",
+            "launcher=launchpad",
+            "num_learner_hosts > 1",
+            "demos",
+            "param_cache_per_host",
+            # The actor count stays as launched (a control file is answered that it cannot
+            # change), and data balance is off: it weighs one replay's writers.
+            "elastic_interval_s",
+            "stop_at_eval_return",
+            # Under `local` every role's learner pmaps in one process: two programs of
+            # cross-device collectives on the same devices at once can wait on each other
+            # for ever (seen with 4 CPU devices: both learners and the actor stood still).
+            "num_learner_devices above 1 with launcher=local",
+            "a tiered replay",
+        ),
+        "{env_id} has several roles ({roles}); a run of role groups does not support "
+        "{asked} yet (docs/multiagent.md)",
+        "one actor acts for every role; each role has its own replay and learner",
+    ),
+)
+
+
+def _refuse(kind: RunKind, cfg: Any, asked: list[str]) -> None:
+    if asked:
+        roles = ", ".join(sorted(multiagent.roles_of(cfg.env_id) or ()))
+        raise ValueError(
+            kind.refusal.format(asked=", ".join(asked), env_id=cfg.env_id, roles=roles)
+        )
+
+
+def check_settings(cfg: Any) -> None:
+    """Raises ValueError naming the features the settings ask of a kind of run that
+    refuses them."""
+    for kind in KINDS:
+        if kind.applies(cfg):
+            asked = [f for f in kind.refuses if f in SETTING_FEATURES and SETTING_FEATURES[f](cfg)]
+            _refuse(kind, cfg, asked)
+
+
+def check_agents(cfg: Any, builders: Sequence[builder_lib.AgentBuilder]) -> None:
+    """Raises ValueError naming the features the run's agents ask of a kind of run that
+    refuses them."""
+    for kind in KINDS:
+        if kind.applies(cfg):
+            asked = [
+                feature
+                for feature in kind.refuses
+                if feature in AGENT_FEATURES and any(AGENT_FEATURES[feature](b) for b in builders)
+            ]
+            _refuse(kind, cfg, asked)
+
+
+def markdown_table() -> str:
+    """The table for docs/flags.md: settings in code type, what an agent asks in words."""
+
+    def shown(name: str) -> str:
+        return f"`{name}`" if name in SETTING_FEATURES or "=" in name else name
+
+    lines = ["| a run with | cannot have yet | because |", "|---|---|---|"]
+    for kind in KINDS:
+        refused = ", ".join(shown(feature) for feature in kind.refuses)
+        lines.append(f"| {shown(kind.name)} | {refused} | {kind.why} |")
+    return "\n".join(lines)
