@@ -9,11 +9,10 @@ from typing import Any, Callable
 
 from gorila_jax import console, metrics
 from gorila_jax.distributed import program as program_lib
-from gorila_jax.federated import nodes as federated_nodes
 from gorila_jax.gorila import mode
 from gorila_jax.health import supervisor as supervisor_lib
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import budget, elastic, role_program
+from gorila_jax.run import budget, elastic, learning_modes, role_program
 from gorila_jax.run import logdir as logdir_lib
 from gorila_jax.run.experiment_config import ExperimentConfig
 
@@ -61,10 +60,7 @@ def _done(cfg: ExperimentConfig, snapshot: dict[str, Any], elapsed: float) -> st
         return f"evaluation return reached {target}"
     if cfg.max_wall_time_s and elapsed >= cfg.max_wall_time_s:
         return "max_wall_time_s reached"
-    rounds = snapshot["metrics"].get(federated_nodes.ROUNDS_METRIC, 0)
-    if cfg.learner_mode == "federated" and cfg.federated_rounds and rounds >= cfg.federated_rounds:
-        return "federated_rounds reached"
-    return None
+    return learning_modes.of(cfg).stop_reason(cfg, snapshot)
 
 
 def drive(
@@ -128,16 +124,21 @@ def drive(
                         _removed_counters(running, monitor_client),
                     )
                     row = {**_row(snapshot, previous_row, elapsed), **scaler.row_fields()}
-                    logger.write(row)
-                    roles = tuple(snapshot["roles"])
-                    suffix = mode.progress_suffix(row) + role_program.progress_suffix(row, roles)
-                    progress.row(row, suffix)
+                    _log_row(row, tuple(snapshot["roles"]), logger, progress)
                     previous_row = row
                     if previous_run and previous_run.superseded(saved_anything(cfg.logdir)):
                         previous_run = None
     except KeyboardInterrupt:
         return "interrupted"
     return reason
+
+
+def _log_row(
+    row: dict[str, Any], roles: tuple[str, ...], logger: metrics.MetricsLogger, progress: Any
+) -> None:
+    """One row to metrics.csv (and TensorBoard, a tracker) and to the console's progress."""
+    logger.write(row)
+    progress.row(row, mode.progress_suffix(row) + role_program.progress_suffix(row, roles))
 
 
 def _removed_counters(running: Any, monitor_client: program_lib.Client) -> dict[str, dict]:

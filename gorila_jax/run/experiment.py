@@ -1,8 +1,9 @@
 """The driver loop that runs a Gorila program for any agent and reports it.
 
 The run's settings are `ExperimentConfig` (experiment_config.py); its
-nodes and their wiring are `programs.make_program` (programs.py). Both are
-re-exported here, the one module experiment scripts import.
+nodes and their wiring are `wiring.make_program` (wiring.py, with the learning
+nodes of the run's mode from learning_modes.py). Both are re-exported here, the
+one module experiment scripts import.
 """
 
 import dataclasses
@@ -20,9 +21,9 @@ from gorila_jax.run import driver, signals, stopping, tasks
 from gorila_jax.run import logdir as logdir_lib
 from gorila_jax.run.driver import NODE_STATUS_FILE
 from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
-from gorila_jax.run.programs import make_program
+from gorila_jax.run.wiring import make_program
 from gorila_jax.run.signals import Terminated
-from gorila_jax.run.wiring import add_actor, remove_actor, set_sample_weights
+from gorila_jax.run.live_actors import add_actor, remove_actor, set_sample_weights
 
 __all__ = [
     "LEARNER_MODES",

@@ -10,17 +10,15 @@ import os
 from typing import Any
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import config_checks, envs, multiagent, replay, types
+from gorila_jax import config_checks, replay, types
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
 from gorila_jax.federated import privacy
 from gorila_jax.gorila import compression
 from gorila_jax.health import balance
-from gorila_jax.learning import checkpoint
-from gorila_jax.run import combinations, elastic
-from gorila_jax.run import logdir as logdir_lib
+from gorila_jax.run import elastic, learning_modes, settings_checks
 
-LEARNER_MODES = ("sync", "gorila", "federated")
+LEARNER_MODES = tuple(learning_modes.MODES)  # sync, gorila, federated
 
 
 @dataclasses.dataclass
@@ -419,7 +417,7 @@ class ExperimentConfig:
     @property
     def saves_checkpoints(self) -> bool:
         # A federated run keeps no checkpoints yet (docs/federated.md).
-        return self.checkpoint_interval_steps > 0 and self.learner_mode != "federated"
+        return self.checkpoint_interval_steps > 0 and learning_modes.of(self).keeps_checkpoints
 
     def privacy_settings(self) -> privacy.PrivacySettings | None:
         """A federated run's differential-privacy settings; None without DP."""
@@ -436,7 +434,8 @@ class ExperimentConfig:
           ValueError: naming the budget and the setting that needs more.
         """
         needed, why = builder.batch_plan.first_update_after
-        clients = self.num_clients if self.learner_mode == "federated" else 1
+        # Each replay of its own (a federated client's) fills for its own learner.
+        clients = learning_modes.of(self).replay_copies(self)
         if needed * clients > self.total_env_steps:
             each = f", for each of {clients} clients" if clients > 1 else ""
             raise ValueError(
@@ -446,99 +445,8 @@ class ExperimentConfig:
             )
 
     def validate(self) -> None:
-        """Raises ValueError naming the first setting that cannot work."""
-        config_checks.check_settings(self)
-        logdir_lib.check_writable(self.logdir)
-        envs.check_env_id(self.env_id)
-        self._check_hosts()
-        combinations.check_settings(self)
-        self._check_replay()
-        if not 0 < self.rollback_lr_factor <= 1:
-            raise ValueError(f"rollback_lr_factor must be in (0, 1], got {self.rollback_lr_factor}")
-        if self.heartbeat_timeout_s and self.heartbeat_timeout_s <= 2 * self.heartbeat_interval_s:
-            raise ValueError(
-                f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed twice "
-                f"heartbeat_interval_s ({self.heartbeat_interval_s}), or one late beat kills a node"
-            )
-        elastic.check_bounds(self.min_actors, self.max_actors, self.num_actors)
-        self.elastic_policy  # noqa: B018  raises ValueError for bad elastic_* settings
-        balance.validate(
-            self.balance_factor, self.balance_interval_s, self.balance_remedy, self.balance_weight
-        )
-        self._check_resume()
-        self._check_federated()
-        self._check_tracking()
-
-    def _check_tracking(self) -> None:
-        """W&B settings without a project would be ignored: refused instead."""
-        if self.wandb_project:
-            return
-        asked = [
-            name for name in ("wandb_entity", "wandb_group", "wandb_tags") if getattr(self, name)
-        ]
-        if self.wandb_mode != "online":
-            asked.append("wandb_mode")
-        if asked:
-            raise ValueError(f"{', '.join(asked)} need wandb_project (W&B logging is off)")
-
-    def _check_hosts(self) -> None:
-        """Learner hosts and per-host parameter caches: the settings they need together."""
-        if self.num_learner_hosts > 1 and self.launcher != "ray":
-            raise ValueError(
-                f"num_learner_hosts={self.num_learner_hosts} needs launcher=ray (a process per "
-                f"learner host), got launcher={self.launcher!r}"
-            )
-        if self.num_learner_hosts > 1 and self.demos:
-            raise ValueError(
-                f"num_learner_hosts={self.num_learner_hosts}: the multi-host learner samples "
-                "no demonstrations; --demos needs one learner host"
-            )
-        if self.num_learner_hosts > 1 and self.learner_mode != "sync":
-            raise ValueError(
-                f"num_learner_hosts={self.num_learner_hosts} needs learner_mode=sync, "
-                f"got learner_mode={self.learner_mode!r}"
-            )
-        if self.param_cache_per_host and self.actors_per_host <= 0:
-            raise ValueError(
-                "param_cache_per_host needs actors_per_host (actors on each host, one cache "
-                f"each) to be positive, got {self.actors_per_host}"
-            )
-        if self.actors_per_host and not self.param_cache_per_host:
-            raise ValueError(
-                f"actors_per_host={self.actors_per_host} only groups actors around per-host "
-                "parameter caches: set param_cache_per_host, or leave actors_per_host at 0"
-            )
-        if self.param_cache_per_host and self.param_cache_cpus <= 0:
-            raise ValueError(
-                f"param_cache_cpus must be positive with param_cache_per_host, got "
-                f"{self.param_cache_cpus}: a cache without resources gets no place by its actors"
-            )
-
-    def _check_replay(self) -> None:
-        """Replay shards need a writer each and ports below 65536; what the native backend
-        does not do, or a backend this set does not install, is refused."""
-        try:
-            replay.require(self.replay_backend)
-        except replay.BackendMissing as error:
-            raise ValueError(str(error)) from None
-        if self.num_replay_shards > self.num_actors:
-            raise ValueError(
-                f"num_replay_shards={self.num_replay_shards} exceeds num_actors="
-                f"{self.num_actors}: actor i writes to shard i % num_replay_shards, so a shard "
-                "without an actor would never fill and would hold the learner back"
-            )
-        if self.replay_port and self.replay_port + self.num_replay_shards > 65536:
-            raise ValueError(
-                f"replay_port={self.replay_port} with num_replay_shards={self.num_replay_shards}: "
-                f"the shards' ports replay_port .. replay_port + {self.num_replay_shards - 1} "
-                "must stay below 65536"
-            )
-        if self.replay_backend == replay.NATIVE and self.replay_port:
-            raise ValueError(
-                f"replay_port={self.replay_port} is the Reverb server's port; the native replay "
-                "serves through its node's client and has none (leave it at 0, or "
-                "--replay=reverb)"
-            )
+        """Raises ValueError naming the first setting that cannot work (settings_checks.py)."""
+        settings_checks.check(self)
 
     def replay_tiering(self, builder: Any, spec: types.EnvSpec) -> replay.Tiering | None:
         """The tiers of the agent's replay (`builder_lib.replay_tiers`, in the cold directory);
@@ -569,65 +477,3 @@ class ExperimentConfig:
             int(self.replay_cold_gb * 2**30),
             self.replay_cold_compression,
         )
-
-    def _check_resume(self) -> None:
-        """`resume` needs checkpoints in logdir (in each role's directory, for a task of
-        several roles), of as many replay shards as this run has."""
-        if not self.resume:
-            return
-        if not self.checkpoint_interval_steps:
-            raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
-        roles = multiagent.roles_of(self.env_id) or (None,)
-        for logdir in (checkpoint.role_logdir(self.logdir, role) for role in roles):
-            if not checkpoint.saved_steps(logdir):
-                raise ValueError(
-                    f"resume: no checkpoint in {checkpoint.learner_dir(logdir)} "
-                    "(is --logdir the one of the run to continue?)"
-                )
-            replay_dirs = checkpoint.saved_replay_dirs(logdir)
-            for directory in replay_dirs:
-                step = replay.newest_intact_checkpoint(directory)
-                if step is not None:
-                    replay.check_backend(os.path.join(directory, str(step)), self.replay_backend)
-            saved_shards = len(replay_dirs)
-            if saved_shards != self.num_replay_shards:
-                raise ValueError(
-                    f"resume: the checkpoints in {logdir} hold a replay of {saved_shards} "
-                    f"shard(s), but num_replay_shards={self.num_replay_shards}; resume with "
-                    f"num_replay_shards={saved_shards}"
-                )
-
-    def _check_federated(self) -> None:
-        """What a federated run cannot do yet, refused at once; its privacy budget."""
-        if self.learner_mode != "federated":
-            if self.dp_clip_norm or self.dp_target_epsilon is not None:
-                raise ValueError("dp_clip_norm and dp_target_epsilon need learner_mode=federated")
-            return
-        if self.launcher == "launchpad":
-            raise ValueError(
-                "learner_mode=federated runs under launcher=local or ray (the DeepMind set "
-                "has no dp-accounting)"
-            )
-        if self.num_clients < 2:
-            raise ValueError(f"a federated run needs num_clients >= 2, got {self.num_clients}")
-        if self.num_actors < self.num_clients:
-            raise ValueError(
-                f"num_actors ({self.num_actors}) must be at least num_clients "
-                f"({self.num_clients}): every client acts in its own envs"
-            )
-        settings = self.privacy_settings()
-        if settings is None:
-            if self.dp_target_epsilon is not None:
-                raise ValueError("dp_target_epsilon needs differential privacy: set dp_clip_norm")
-            return
-        if settings.target_epsilon is not None:
-            if not self.federated_rounds:
-                raise ValueError(
-                    f"dp_target_epsilon={settings.target_epsilon:g} needs federated_rounds: at "
-                    f"dp_noise_multiplier={settings.noise_multiplier:g} the target allows "
-                    f"{privacy.max_rounds(settings)} rounds"
-                )
-            try:
-                privacy.check_budget(settings, self.federated_rounds)
-            except privacy.PrivacyBudgetExceeded as error:
-                raise ValueError(f"federated_rounds={self.federated_rounds}: {error}") from None

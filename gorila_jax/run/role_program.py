@@ -19,10 +19,10 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import multiagent
 from gorila_jax.acting import role_actor
 from gorila_jax.distributed import program as program_lib
-from gorila_jax.gorila import mode, parameter_server
+from gorila_jax.gorila import mode
 from gorila_jax.health import monitor
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import combinations, wiring
+from gorila_jax.run import combinations, learning_modes, replay_wiring, wiring
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
@@ -42,8 +42,7 @@ def check_run(builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConf
         try:
             builder.validate(cfg.num_learner_devices or 1, specs[role])
             cfg.check_budget(builder)
-            if cfg.learner_mode == "gorila":
-                mode.check_agent(builder, specs[role])
+            learning_modes.of(cfg).check_agent(builder, specs[role])
             cfg.replay_tiering(builder, specs[role])  # raises for cold settings without tiers
         except ValueError as error:
             raise ValueError(f"role {role}: {error}") from None
@@ -105,8 +104,10 @@ def make_program(
     for role in sorted(builders):
         builder, spec = builders[role], specs[role]
         restore_step = resume[role].step if resume else None
-        replay_nodes = wiring.add_replay_shards(program, builder, cfg, spec, restore_step, role)
-        params_from = wiring.add_learning(
+        replay_nodes = replay_wiring.add_replay_shards(
+            program, builder, cfg, spec, restore_step, role
+        )
+        sources = wiring.add_learning(
             program,
             builder,
             learning_cfg,
@@ -116,7 +117,8 @@ def make_program(
             restored_counters,
             role,
         )
-        roles[role] = role_actor.RoleWiring(builder, spec, replay_nodes, params_from)
+        # Every actor of a role reads one source (role groups refuse federated runs).
+        roles[role] = role_actor.RoleWiring(builder, spec, replay_nodes, sources.evaluator)
     if cfg.eval_interval_s > 0:
         with program.group("evaluator", program_lib.Resources(num_cpus=0)):
             program.add_node(
@@ -151,22 +153,11 @@ def final_params(
     running: Any, builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConfig
 ) -> dict[str, tuple[int, Any]]:
     """Each role's (version, parameters): from its learner, or assembled from its shards."""
-    specs = multiagent.role_specs(cfg.env_id)
-    params = {}
-    for role, builder in builders.items():
-        if cfg.learner_mode == "gorila":
-            group = program_lib.role_group("parameter_server", role)
-            shards = [running.client(f"{group}/{i}") for i in range(cfg.num_ps_shards)]
-            source = parameter_server.sharded_parameters(
-                shards, builder, specs[role], cfg.seed, "driver"
-            )
-            params[role] = source.get_params()
-            parameter_server.close_source(source)
-        else:
-            params[role] = running.client(
-                f"{program_lib.role_group('learner', role)}/0"
-            ).get_params()
-    return params
+    specs, mode = multiagent.role_specs(cfg.env_id), learning_modes.of(cfg)
+    return {
+        role: mode.final_params(running, builder, cfg, specs[role], role)
+        for role, builder in builders.items()
+    }
 
 
 def final_evaluation(

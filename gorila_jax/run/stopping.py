@@ -1,15 +1,13 @@
-"""The end of a run: nodes stop in the order that keeps the final checkpoint whole, then
-the final parameters are fetched from whichever node holds them."""
+"""The end of a run: nodes stop in the order that keeps the final checkpoint whole (the
+learning nodes' stages are their mode's, `learning_modes`)."""
 
 import logging
 import time
 from typing import Any
 
-from gorila_jax import builder as builder_lib
-from gorila_jax import text, types
+from gorila_jax import text
 from gorila_jax.distributed import program as program_lib
-from gorila_jax.federated import nodes as federated_nodes
-from gorila_jax.gorila import parameter_server
+from gorila_jax.run import learning_modes
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
@@ -42,38 +40,8 @@ def stop_in_order(running: Any, cfg: ExperimentConfig, final_evaluation: bool = 
         evaluator = running.client("evaluator")
         evaluator.stop(final_evaluation=final_evaluation)
         wait_finished(running, evaluator)
-    if cfg.learner_mode == "federated":
-        # No round may start while clients stop.
-        coordinator = running.client(f"{federated_nodes.GROUP}/0")
-        coordinator.stop()
-        wait_finished(running, coordinator)
-    if cfg.learner_mode == "gorila":
-        # Worker 0 takes the final checkpoint (of each role's groups, in a program of
-        # role groups), so the others stop first: a gradient they pushed after its
-        # snapshot would be lost on resume.
-        groups = [
-            group for group in running.program.groups if base_group(group) == "gradient_worker"
-        ]
-        stages = [
-            [
-                running.client(f"{group}/{i}")
-                for group in groups
-                for i in range(1, cfg.num_learners)
-            ],
-            [running.client(f"{group}/0") for group in groups],
-        ]
-    else:
-        # A multi-host learner's processes stop together (their stop votes agree); so do
-        # the learners of the roles of a program of role groups.
-        stages = [
-            [
-                running.client(spec.name)
-                for group, specs in running.program.groups.items()
-                if base_group(group) == "learner"
-                for spec in specs
-            ]
-        ]
-    for learners in stages:
+    for stage in learning_modes.of(cfg).stop_stages(running, cfg):
+        learners = [running.client(name) for name in stage]
         for node in learners:
             node.stop()
         for node in learners:
@@ -93,26 +61,6 @@ def stop(running: Any, cfg: ExperimentConfig, reason: str) -> str | None:
             + text.first_line(error)
         )
     return None
-
-
-def base_group(group: str) -> str:
-    """A group's kind, whatever role it serves: "learner@prey" -> "learner"."""
-    return group.partition(program_lib.ROLE_MARK)[0]
-
-
-def final_params(
-    running: Any, builder: builder_lib.AgentBuilder, cfg: ExperimentConfig, spec: types.EnvSpec
-) -> tuple[int, Any]:
-    """(version, parameters) at the end: the learner's, assembled from the Gorila shards, or
-    the federated coordinator's."""
-    if cfg.learner_mode == "gorila":
-        shards = [running.client(f"parameter_server/{i}") for i in range(cfg.num_ps_shards)]
-        return parameter_server.sharded_parameters(
-            shards, builder, spec, cfg.seed, "driver"
-        ).get_params()
-    if cfg.learner_mode == "federated":
-        return running.client(f"{federated_nodes.GROUP}/0").get_params()  # the global model
-    return running.client("learner/0").get_params()  # the chief of a multi-host learner
 
 
 def wait_finished(running: Any, node: program_lib.Client, timeout_s: float | None = None) -> bool:

@@ -15,9 +15,9 @@ from gorila_jax.acting import evaluation
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.health import balance
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import elastic, role_program, stopping, wiring
+from gorila_jax.run import elastic, learning_modes, live_actors, role_program, wiring
 from gorila_jax.run.experiment_config import ExperimentConfig
-from gorila_jax.run.programs import make_program
+from gorila_jax.run.wiring import make_program
 
 Builders = builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder]
 
@@ -101,8 +101,8 @@ class OneTask:
             tracker = balance.BalanceTracker(cfg.balance_factor, cfg.balance_interval_s)
         return elastic.ActorScaler(
             cfg.logdir,
-            functools.partial(wiring.add_actor, running, builder, cfg, self._spec),
-            functools.partial(wiring.remove_actor, running),
+            functools.partial(live_actors.add_actor, running, builder, cfg, self._spec),
+            functools.partial(live_actors.remove_actor, running),
             lambda: [node.name for node in running.active_nodes("actor")],
             cfg.actor_count_floor,
             cfg.max_actors,
@@ -111,7 +111,7 @@ class OneTask:
             cfg.balance_remedy == "replace",
             apply_existing=cfg.resume,
             sample_weights=(
-                functools.partial(wiring.set_sample_weights, running)
+                functools.partial(live_actors.set_sample_weights, running)
                 if cfg.balance_remedy == "downweight"
                 else None
             ),
@@ -119,7 +119,8 @@ class OneTask:
         )
 
     def fetch_final_params(self, running: Any) -> None:
-        self._final = stopping.final_params(running, self._builder, self._cfg, self._spec)
+        mode = learning_modes.of(self._cfg)
+        self._final = mode.final_params(running, self._builder, self._cfg, self._spec)
 
     def outcome(
         self, reason: str, stop_failure: str | None, snapshot: dict[str, Any]

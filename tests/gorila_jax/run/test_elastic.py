@@ -17,7 +17,7 @@ from agents import dqn
 from gorila_jax.distributed import launchers, placement, program
 from gorila_jax.health import monitor
 from gorila_jax.health import supervisor as supervisor_lib
-from gorila_jax.run import elastic, experiment, tasks, wiring
+from gorila_jax.run import elastic, experiment, live_actors, tasks, wiring
 from tests import fakes
 from tests.gorila_jax.learning.test_checkpoint import CONFIG, SPEC, _experiment
 from tests.gorila_jax.health.test_fault_nodes import (
@@ -448,7 +448,7 @@ def test_an_added_actor_is_wired_like_the_launched_ones(tmp_path, settings):
     graph = experiment.make_program(builder, cfg, SPEC)
     first = graph.node("actor/0")
     args, kwargs = wiring.actor_arguments(
-        builder, cfg, SPEC, 0, wiring.actor_sources(_Unlaunched(graph)), None
+        builder, cfg, SPEC, 0, live_actors.actor_sources(_Unlaunched(graph)), None
     )
     # Rebuilt for index 0, an added actor's arguments are actor/0's own.
     assert args == first.args and kwargs == first.kwargs
@@ -483,9 +483,9 @@ def test_removing_actors_never_leaves_a_replay_shard_without_a_writer(tmp_path):
     builder = dqn.DQNBuilder(CONFIG)
     running = _Resizable(experiment.make_program(builder, cfg, SPEC))
     # actor/1 and actor/3 write to shard 1 (i % 2): one of them may go, not both.
-    wiring.remove_actor(running, "actor/1")
+    live_actors.remove_actor(running, "actor/1")
     with pytest.raises(ValueError, match="actor/3: it is the last actor writing to replay shard 1"):
-        wiring.remove_actor(running, "actor/3")
+        live_actors.remove_actor(running, "actor/3")
     assert running.removed_nodes == ["actor/1"]
     scaler = tasks.OneTask(builder, cfg).actor_scaler(running)
     _write_control(tmp_path, "1")

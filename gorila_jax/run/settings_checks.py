@@ -1,0 +1,173 @@
+"""The checks of a run's settings (`ExperimentConfig.validate`): each refuses what cannot
+work with one line naming the setting, before anything starts."""
+
+import os
+from typing import Any
+
+from gorila_jax import config_checks, envs, multiagent, replay
+from gorila_jax.federated import privacy
+from gorila_jax.health import balance
+from gorila_jax.learning import checkpoint
+from gorila_jax.run import combinations, elastic
+from gorila_jax.run import logdir as logdir_lib
+
+
+def check(cfg: Any) -> None:
+    """Raises ValueError naming the first setting that cannot work."""
+    config_checks.check_settings(cfg)
+    logdir_lib.check_writable(cfg.logdir)
+    envs.check_env_id(cfg.env_id)
+    _check_hosts(cfg)
+    combinations.check_settings(cfg)
+    _check_replay(cfg)
+    if not 0 < cfg.rollback_lr_factor <= 1:
+        raise ValueError(f"rollback_lr_factor must be in (0, 1], got {cfg.rollback_lr_factor}")
+    if cfg.heartbeat_timeout_s and cfg.heartbeat_timeout_s <= 2 * cfg.heartbeat_interval_s:
+        raise ValueError(
+            f"heartbeat_timeout_s ({cfg.heartbeat_timeout_s}) must exceed twice "
+            f"heartbeat_interval_s ({cfg.heartbeat_interval_s}), or one late beat kills a node"
+        )
+    elastic.check_bounds(cfg.min_actors, cfg.max_actors, cfg.num_actors)
+    cfg.elastic_policy  # noqa: B018  raises ValueError for bad elastic_* settings
+    balance.validate(
+        cfg.balance_factor, cfg.balance_interval_s, cfg.balance_remedy, cfg.balance_weight
+    )
+    _check_resume(cfg)
+    _check_federated(cfg)
+    _check_tracking(cfg)
+
+
+def _check_tracking(cfg: Any) -> None:
+    """W&B settings without a project would be ignored: refused instead."""
+    if cfg.wandb_project:
+        return
+    asked = [name for name in ("wandb_entity", "wandb_group", "wandb_tags") if getattr(cfg, name)]
+    if cfg.wandb_mode != "online":
+        asked.append("wandb_mode")
+    if asked:
+        raise ValueError(f"{', '.join(asked)} need wandb_project (W&B logging is off)")
+
+
+def _check_hosts(cfg: Any) -> None:
+    """Learner hosts and per-host parameter caches: the settings they need together."""
+    if cfg.num_learner_hosts > 1 and cfg.launcher != "ray":
+        raise ValueError(
+            f"num_learner_hosts={cfg.num_learner_hosts} needs launcher=ray (a process per "
+            f"learner host), got launcher={cfg.launcher!r}"
+        )
+    if cfg.num_learner_hosts > 1 and cfg.demos:
+        raise ValueError(
+            f"num_learner_hosts={cfg.num_learner_hosts}: the multi-host learner samples "
+            "no demonstrations; --demos needs one learner host"
+        )
+    if cfg.num_learner_hosts > 1 and cfg.learner_mode != "sync":
+        raise ValueError(
+            f"num_learner_hosts={cfg.num_learner_hosts} needs learner_mode=sync, "
+            f"got learner_mode={cfg.learner_mode!r}"
+        )
+    if cfg.param_cache_per_host and cfg.actors_per_host <= 0:
+        raise ValueError(
+            "param_cache_per_host needs actors_per_host (actors on each host, one cache "
+            f"each) to be positive, got {cfg.actors_per_host}"
+        )
+    if cfg.actors_per_host and not cfg.param_cache_per_host:
+        raise ValueError(
+            f"actors_per_host={cfg.actors_per_host} only groups actors around per-host "
+            "parameter caches: set param_cache_per_host, or leave actors_per_host at 0"
+        )
+    if cfg.param_cache_per_host and cfg.param_cache_cpus <= 0:
+        raise ValueError(
+            f"param_cache_cpus must be positive with param_cache_per_host, got "
+            f"{cfg.param_cache_cpus}: a cache without resources gets no place by its actors"
+        )
+
+
+def _check_replay(cfg: Any) -> None:
+    """Replay shards need a writer each and ports below 65536; what the native backend
+    does not do, or a backend this set does not install, is refused."""
+    try:
+        replay.require(cfg.replay_backend)
+    except replay.BackendMissing as error:
+        raise ValueError(str(error)) from None
+    if cfg.num_replay_shards > cfg.num_actors:
+        raise ValueError(
+            f"num_replay_shards={cfg.num_replay_shards} exceeds num_actors="
+            f"{cfg.num_actors}: actor i writes to shard i % num_replay_shards, so a shard "
+            "without an actor would never fill and would hold the learner back"
+        )
+    if cfg.replay_port and cfg.replay_port + cfg.num_replay_shards > 65536:
+        raise ValueError(
+            f"replay_port={cfg.replay_port} with num_replay_shards={cfg.num_replay_shards}: "
+            f"the shards' ports replay_port .. replay_port + {cfg.num_replay_shards - 1} "
+            "must stay below 65536"
+        )
+    if cfg.replay_backend == replay.NATIVE and cfg.replay_port:
+        raise ValueError(
+            f"replay_port={cfg.replay_port} is the Reverb server's port; the native replay "
+            "serves through its node's client and has none (leave it at 0, or "
+            "--replay=reverb)"
+        )
+
+
+def _check_resume(cfg: Any) -> None:
+    """`resume` needs checkpoints in logdir (in each role's directory, for a task of
+    several roles), of as many replay shards as this run has."""
+    if not cfg.resume:
+        return
+    if not cfg.checkpoint_interval_steps:
+        raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
+    roles = multiagent.roles_of(cfg.env_id) or (None,)
+    for logdir in (checkpoint.role_logdir(cfg.logdir, role) for role in roles):
+        if not checkpoint.saved_steps(logdir):
+            raise ValueError(
+                f"resume: no checkpoint in {checkpoint.learner_dir(logdir)} "
+                "(is --logdir the one of the run to continue?)"
+            )
+        replay_dirs = checkpoint.saved_replay_dirs(logdir)
+        for directory in replay_dirs:
+            step = replay.newest_intact_checkpoint(directory)
+            if step is not None:
+                replay.check_backend(os.path.join(directory, str(step)), cfg.replay_backend)
+        saved_shards = len(replay_dirs)
+        if saved_shards != cfg.num_replay_shards:
+            raise ValueError(
+                f"resume: the checkpoints in {logdir} hold a replay of {saved_shards} "
+                f"shard(s), but num_replay_shards={cfg.num_replay_shards}; resume with "
+                f"num_replay_shards={saved_shards}"
+            )
+
+
+def _check_federated(cfg: Any) -> None:
+    """What a federated run cannot do yet, refused at once; its privacy budget."""
+    if cfg.learner_mode != "federated":
+        if cfg.dp_clip_norm or cfg.dp_target_epsilon is not None:
+            raise ValueError("dp_clip_norm and dp_target_epsilon need learner_mode=federated")
+        return
+    if cfg.launcher == "launchpad":
+        raise ValueError(
+            "learner_mode=federated runs under launcher=local or ray (the DeepMind set "
+            "has no dp-accounting)"
+        )
+    if cfg.num_clients < 2:
+        raise ValueError(f"a federated run needs num_clients >= 2, got {cfg.num_clients}")
+    if cfg.num_actors < cfg.num_clients:
+        raise ValueError(
+            f"num_actors ({cfg.num_actors}) must be at least num_clients "
+            f"({cfg.num_clients}): every client acts in its own envs"
+        )
+    settings = cfg.privacy_settings()
+    if settings is None:
+        if cfg.dp_target_epsilon is not None:
+            raise ValueError("dp_target_epsilon needs differential privacy: set dp_clip_norm")
+        return
+    if settings.target_epsilon is not None:
+        if not cfg.federated_rounds:
+            raise ValueError(
+                f"dp_target_epsilon={settings.target_epsilon:g} needs federated_rounds: at "
+                f"dp_noise_multiplier={settings.noise_multiplier:g} the target allows "
+                f"{privacy.max_rounds(settings)} rounds"
+            )
+        try:
+            privacy.check_budget(settings, cfg.federated_rounds)
+        except privacy.PrivacyBudgetExceeded as error:
+            raise ValueError(f"federated_rounds={cfg.federated_rounds}: {error}") from None
