@@ -8,6 +8,7 @@ join one `jax.distributed` job (`multihost_learner.MultiHostLearnerNode`).
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, types
 from gorila_jax.distributed import program
+from gorila_jax.learning import settings as learner_settings
 from gorila_jax.learning import sync_learner
 from gorila_jax.learning import step as step_lib
 
@@ -22,26 +23,16 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         clients (`sharded_replay`): batches are drawn across all of them.
       monitor: client of the monitor node (or None when driven by hand).
       seed: root seed; the learner's key is fold_in(seed key, 0).
-      num_devices: local devices to pmap over; 0 takes them all.
-      report_interval_s: how often counters and metrics go to the monitor.
+      settings: devices, reports, checkpoint interval and retention, TF32, and the
+        numeric guard's rollbacks (`settings.LearnerSettings`).
       checkpoint_dir: the run's learner checkpoint directory (absolute); None
         disables checkpoints.
-      checkpoint_interval_steps: learner steps between checkpoints; the last
-        one is taken when `run` ends. 0: only that last one.
-      max_checkpoints_to_keep: older checkpoints (and their replay) are deleted.
       restore_step: start from the checkpoint of this learner step;
         `NEWEST` takes the newest one that loads (a fresh state if none does).
       restored_counters: the counters this learner reported last (a restart
         after a crash): learner steps, which are also the parameter version
         actors compare against, go on from there instead of going back to
         the checkpoint's; the updates in between are lost, not uncounted.
-      tf32: TensorFloat-32 matmuls on GPUs (`precision.use_tf32`).
-      max_nonfinite_steps: after this many consecutive skipped (non-finite)
-        updates, roll back to the newest checkpoint (`step.NumericGuard`); 0 never.
-      rollback_lr_factor: each rollback multiplies the learning-rate scale by this.
-      rollback_param_noise: after a rollback, add Gaussian noise of this
-        standard deviation to the trainable parameters (0: none), so the
-        same batches do not lead to the same divergence.
       name: the node's name (a federated run has a learner per client).
     """
 
@@ -52,16 +43,9 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         replay_client: program.Client | list[program.Client],
         monitor: program.Client | None,
         seed: int,
-        num_devices: int = 0,
-        report_interval_s: float = 1.0,
+        settings: learner_settings.LearnerSettings = learner_settings.DEFAULTS,
         checkpoint_dir: str | None = None,
-        checkpoint_interval_steps: int = 0,
-        max_checkpoints_to_keep: int = 2,
         restore_step: int | None = None,
-        tf32: bool = False,
-        max_nonfinite_steps: int = 10,
-        rollback_lr_factor: float = 0.5,
-        rollback_param_noise: float = 0.0,
         restored_counters: dict[str, float] | None = None,
         name: str = "learner/0",
     ):
@@ -71,18 +55,11 @@ class LearnerNode(sync_learner.SyncLearnerNode):
             replay_client,
             monitor,
             seed,
-            num_devices,
-            report_interval_s,
+            settings,
             checkpoint_dir,
-            checkpoint_interval_steps,
-            max_checkpoints_to_keep,
             restore_step,
-            tf32,
-            max_nonfinite_steps,
             restored_counters,
-            name=name,
-            rollback_lr_factor=rollback_lr_factor,
-            rollback_param_noise=rollback_param_noise,
+            name,
         )
         self._updates = builder.batch_plan.updates_per_dispatch
         self._step_fn = parallel.pmap_step(
@@ -110,6 +87,6 @@ class LearnerNode(sync_learner.SyncLearnerNode):
                 self._steps += self._updates
                 self._published = published
         streak = self._finish_step(keys, info)
-        if self._max_nonfinite_steps and streak >= self._max_nonfinite_steps:
+        if self._settings.max_nonfinite_steps and streak >= self._settings.max_nonfinite_steps:
             self._roll_back(streak)
         return True

@@ -14,6 +14,7 @@ import numpy as np
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, types
 from gorila_jax.distributed import multihost, program
+from gorila_jax.learning import settings as learner_settings
 from gorila_jax.learning import sync_learner
 from gorila_jax.learning import step as step_lib
 
@@ -80,16 +81,9 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
         replay_client: program.Client | list[program.Client],
         monitor: program.Client | None,
         seed: int,
-        num_devices: int = 0,
-        report_interval_s: float = 1.0,
+        settings: learner_settings.LearnerSettings = learner_settings.DEFAULTS,
         checkpoint_dir: str | None = None,
-        checkpoint_interval_steps: int = 0,
-        max_checkpoints_to_keep: int = 2,
         restore_step: int | None = None,
-        tf32: bool = False,
-        max_nonfinite_steps: int = 10,
-        rollback_lr_factor: float = 0.5,
-        rollback_param_noise: float = 0.0,
         restored_counters: dict[str, float] | None = None,
         num_learner_hosts: int = 2,
         learner_process_id: int = 0,
@@ -97,10 +91,11 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
     ):
         # First of all: jax.distributed must be joined before any device is touched.
         group = multihost.join(rendezvous, num_learner_hosts, learner_process_id)
-        if len(parallel.local_devices(num_devices)) != jax.local_device_count():
+        if len(parallel.local_devices(settings.num_devices)) != jax.local_device_count():
             raise ValueError(
-                f"num_learner_devices={num_devices}: with num_learner_hosts={num_learner_hosts} "
-                f"every learner process uses all its devices ({jax.local_device_count()}); use 0"
+                f"num_learner_devices={settings.num_devices}: with num_learner_hosts="
+                f"{num_learner_hosts} every learner process uses all its devices "
+                f"({jax.local_device_count()}); use 0"
             )
         super().__init__(
             builder,
@@ -108,20 +103,13 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
             replay_client,
             monitor,
             seed,
-            num_devices,
-            report_interval_s,
+            settings,
             checkpoint_dir,
-            checkpoint_interval_steps,
-            max_checkpoints_to_keep,
             restore_step,
-            tf32,
-            max_nonfinite_steps,
             restored_counters,
             name=f"learner/{learner_process_id}",
             num_processes=num_learner_hosts,
             is_chief=group.is_chief,
-            rollback_lr_factor=rollback_lr_factor,
-            rollback_param_noise=rollback_param_noise,
         )
         self._global_step = make_global_step(builder, spec)
         # The latest (keys, device batch): what this process feeds a stop-vote step.
@@ -207,7 +195,7 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
         self._last_batch_size = keys.size * self._num_processes
         # This process's rows of the global batch: exactly the items it sampled.
         streak = self._finish_step(keys, info)
-        if self._max_nonfinite_steps and streak >= self._max_nonfinite_steps:
+        if self._settings.max_nonfinite_steps and streak >= self._settings.max_nonfinite_steps:
             # The streak is global (pmax), so every process rolls back after the same step.
             self._roll_back(streak)
         return True

@@ -15,6 +15,7 @@ import numpy as np
 from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, precision, types
 from gorila_jax.distributed import program
+from gorila_jax.learning import settings as learner_settings
 from gorila_jax.learning import replay_learner
 from gorila_jax.learning import step as step_lib
 
@@ -32,7 +33,8 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
     devices, the parameters the latest update published, and the learner
     step count, which is also the parameter version actors compare against.
     Only the chief publishes, reports metrics and checkpoints (a one-host
-    learner is its own chief). Args as `learner.LearnerNode`'s, plus:
+    learner is its own chief). Args as `learner.LearnerNode`'s (its settings in
+    `settings.LearnerSettings`), plus:
 
     Args:
       name: the node's name ("learner/<process index>").
@@ -47,32 +49,18 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         replay_client: program.Client | list[program.Client],
         monitor: program.Client | None,
         seed: int,
-        num_devices: int,
-        report_interval_s: float,
+        settings: learner_settings.LearnerSettings,
         checkpoint_dir: str | None,
-        checkpoint_interval_steps: int,
-        max_checkpoints_to_keep: int,
         restore_step: int | None,
-        tf32: bool,
-        max_nonfinite_steps: int,
         restored_counters: dict[str, float] | None,
         name: str,
         num_processes: int = 1,
         is_chief: bool = True,
-        rollback_lr_factor: float = 0.5,
-        rollback_param_noise: float = 0.0,
     ):
-        if max_nonfinite_steps < 0:
-            raise ValueError(f"max_nonfinite_steps must not be negative, got {max_nonfinite_steps}")
-        if not 0 < rollback_lr_factor <= 1:
-            raise ValueError(f"rollback_lr_factor must be in (0, 1], got {rollback_lr_factor}")
-        if rollback_param_noise < 0:
-            raise ValueError(
-                f"rollback_param_noise must not be negative, got {rollback_param_noise}"
-            )
-        precision.use_tf32(tf32)
+        precision.use_tf32(settings.tf32)
         self._is_chief, self._num_processes = is_chief, num_processes
-        devices = parallel.local_devices(num_devices)
+        self._settings = settings
+        devices = parallel.local_devices(settings.num_devices)
         builder.validate(num_processes * len(devices))
         super().__init__(
             builder,
@@ -81,16 +69,12 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             monitor,
             name,
             devices,
-            report_interval_s,
+            settings.report_interval_s,
             checkpoint_dir if is_chief else None,
-            max_checkpoints_to_keep,
+            settings.max_checkpoints_to_keep,
             restored_counters,
         )
-        self._max_nonfinite_steps = max_nonfinite_steps
-        self._rollback_lr_factor = rollback_lr_factor
-        self._rollback_param_noise = rollback_param_noise
         self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
-        self._checkpoint_interval = checkpoint_interval_steps
         self._guard_meta: dict[str, float] = {}
         self.rollbacks = 0
         # Which checkpoint this incarnation started from (-1: none); in its heartbeats.
@@ -157,7 +141,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             step, state = self._agreed_rollback(step, state)
             if step < 0:
                 raise NumericalFault(f"{self._name}: {why} and no checkpoint to roll back to")
-            lr_scale = float(guard.lr_scale) * self._rollback_lr_factor
+            lr_scale = float(guard.lr_scale) * self._settings.rollback_lr_factor
             self._state = parallel.replicate(state, self._devices)
             self._guard = parallel.replicate(
                 step_lib.init_guard(int(guard.skipped_steps), lr_scale), self._devices
@@ -183,14 +167,14 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
 
     def _perturbed(self, state: Any) -> Any:
         """`state` with noise added to the agent's trainable parameters (if configured)."""
-        if not self._rollback_param_noise:
+        if not self._settings.rollback_param_noise:
             return state
         self._noise_key, key = jax.random.split(self._noise_key)
         leaves, treedef = jax.tree.flatten(self._builder.trainable_params(state))
         keys = iter(jax.random.split(key, len(leaves)))
         noisy = [
             leaf
-            + self._rollback_param_noise
+            + self._settings.rollback_param_noise
             * np.asarray(jax.random.normal(next(keys), leaf.shape, leaf.dtype))
             if np.issubdtype(leaf.dtype, np.floating)
             else leaf
@@ -244,7 +228,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         while this one is already queued on the devices)."""
         self._account(keys, info.priorities)
         previous, self._last_info = self._last_info, info
-        if previous is None or not self._max_nonfinite_steps:
+        if previous is None or not self._settings.max_nonfinite_steps:
             return 0
         return int(np.asarray(previous.metrics["nonfinite_streak"])[0])
 
@@ -271,7 +255,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         if time.monotonic() - self._last_report >= self._report_interval_s:
             self._report()
             self._last_report = time.monotonic()
-        interval = self._checkpoint_interval
+        interval = self._settings.checkpoint_interval_steps
         if interval and self._is_chief and self._steps - self._last_checkpoint_step >= interval:
             self.save_checkpoint()
 

@@ -16,6 +16,8 @@ from gorila_jax.distributed import launchers
 from gorila_jax.federated import privacy
 from gorila_jax.gorila import compression
 from gorila_jax.health import balance
+from gorila_jax.learning.settings import DEFAULTS as LEARNER
+from gorila_jax.learning.settings import LearnerSettings
 from gorila_jax.run import elastic, learning_modes, settings_checks
 
 LEARNER_MODES = tuple(learning_modes.MODES)  # sync, gorila, federated
@@ -115,7 +117,10 @@ class ExperimentConfig:
         choices=LEARNER_MODES,
     )
     num_learner_devices: int = setting(
-        0, "learner", "Local devices the learner pmaps over; 0 takes all.", check=NON_NEGATIVE
+        LEARNER.num_devices,
+        "learner",
+        "Local devices the learner pmaps over; 0 takes all.",
+        check=NON_NEGATIVE,
     )
     learner_gpus: float = setting(
         0.0, "learner", "GPUs the learner asks Ray for.", check=NON_NEGATIVE
@@ -124,7 +129,7 @@ class ExperimentConfig:
         1.0, "learner", "CPUs the learner asks Ray for.", check=NON_NEGATIVE
     )
     tf32: bool = setting(
-        False, "learner", "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."
+        LEARNER.tf32, "learner", "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."
     )
     replay_backend: str = setting(
         replay.DEFAULT_BACKEND,
@@ -177,14 +182,17 @@ class ExperimentConfig:
         check=POSITIVE,
     )
     checkpoint_interval_steps: int = setting(
-        5000,
+        LEARNER.checkpoint_interval_steps,
         "checkpoints",
         "Learner steps between checkpoints of learner and replay, and one at the end; 0: none. "
         "A restarted replay loses the items written since its newest checkpoint.",
         check=NON_NEGATIVE,
     )
     max_checkpoints_to_keep: int = setting(
-        2, "checkpoints", "Checkpoints kept; older ones are deleted.", check=POSITIVE
+        LEARNER.max_checkpoints_to_keep,
+        "checkpoints",
+        "Checkpoints kept; older ones are deleted.",
+        check=POSITIVE,
     )
     resume: bool = setting(
         False,
@@ -255,17 +263,22 @@ class ExperimentConfig:
         check=NON_NEGATIVE,
     )
     max_nonfinite_steps: int = setting(
-        10,
+        LEARNER.max_nonfinite_steps,
         "faults",
         "The learner skips non-finite updates; after this many in a row it rolls back to its "
         "newest checkpoint (0: never).",
         check=NON_NEGATIVE,
     )
     rollback_lr_factor: float = setting(
-        0.5, "faults", "Each rollback multiplies the learning-rate scale by this, in (0, 1]."
+        LEARNER.rollback_lr_factor,
+        "faults",
+        "Each rollback multiplies the learning-rate scale by this, in (0, 1].",
     )
     rollback_param_noise: float = setting(
-        0.0, "faults", "Std of noise added to parameters after a rollback.", check=NON_NEGATIVE
+        LEARNER.rollback_param_noise,
+        "faults",
+        "Std of noise added to parameters after a rollback.",
+        check=NON_NEGATIVE,
     )
     num_learner_hosts: int = setting(
         1,
@@ -425,6 +438,23 @@ class ExperimentConfig:
             return None
         return privacy.PrivacySettings(
             self.dp_clip_norm, self.dp_noise_multiplier, self.dp_delta, self.dp_target_epsilon
+        )
+
+    def learner_settings(self) -> LearnerSettings:
+        """What every learner node of the run takes (`learning/settings.py`).
+
+        Raises:
+          ValueError: a value that cannot work, naming it.
+        """
+        return LearnerSettings(
+            num_devices=self.num_learner_devices,
+            report_interval_s=self.heartbeat_interval_s,
+            checkpoint_interval_steps=self.checkpoint_interval_steps,
+            max_checkpoints_to_keep=self.max_checkpoints_to_keep,
+            tf32=self.tf32,
+            max_nonfinite_steps=self.max_nonfinite_steps,
+            rollback_lr_factor=self.rollback_lr_factor,
+            rollback_param_noise=self.rollback_param_noise,
         )
 
     def check_budget(self, builder: Any) -> None:

@@ -10,6 +10,7 @@ parameters are and what its checkpoints restore into.
 groups go through the mode's methods and never branch on its name.
 """
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -98,16 +99,9 @@ class SyncMode:
                     where.replays,
                     where.monitor,
                     cfg.seed,
-                    num_devices=cfg.num_learner_devices,
+                    cfg.learner_settings(),
                     checkpoint_dir=where.checkpoint_dir,
-                    checkpoint_interval_steps=cfg.checkpoint_interval_steps,
-                    max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
                     restore_step=where.restore_step,
-                    tf32=cfg.tf32,
-                    report_interval_s=cfg.heartbeat_interval_s,
-                    max_nonfinite_steps=cfg.max_nonfinite_steps,
-                    rollback_lr_factor=cfg.rollback_lr_factor,
-                    rollback_param_noise=cfg.rollback_param_noise,
                     **kwargs,
                 )
                 for kwargs in per_process
@@ -223,10 +217,8 @@ class FederatedMode(SyncMode):
                     where.replays[client],
                     where.monitor,
                     cfg.seed,
-                    num_devices=cfg.num_learner_devices,
-                    tf32=cfg.tf32,
-                    report_interval_s=cfg.heartbeat_interval_s,
-                    max_nonfinite_steps=0,  # no checkpoint to roll back to
+                    # No checkpoint to roll back to.
+                    dataclasses.replace(cfg.learner_settings(), max_nonfinite_steps=0),
                     client_index=client,
                     local_updates=cfg.local_updates_per_round,
                     privacy=privacy,

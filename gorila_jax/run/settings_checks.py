@@ -20,8 +20,7 @@ def check(cfg: Any) -> None:
     _check_hosts(cfg)
     combinations.check_settings(cfg)
     _check_replay(cfg)
-    if not 0 < cfg.rollback_lr_factor <= 1:
-        raise ValueError(f"rollback_lr_factor must be in (0, 1], got {cfg.rollback_lr_factor}")
+    cfg.learner_settings()  # raises for learner settings that cannot work
     if cfg.heartbeat_timeout_s and cfg.heartbeat_timeout_s <= 2 * cfg.heartbeat_interval_s:
         raise ValueError(
             f"heartbeat_timeout_s ({cfg.heartbeat_timeout_s}) must exceed twice "

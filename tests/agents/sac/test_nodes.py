@@ -12,6 +12,7 @@ from agents import sac
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
 from gorila_jax.learning import learner
+from gorila_jax.learning.settings import LearnerSettings
 from tests.backends import DefaultReplayNode, first_batch
 
 SPEC = envs.env_spec("HalfCheetah-v5")  # float64 observations [17], float32 actions [6]
@@ -95,7 +96,9 @@ def test_parameters_an_actor_holds_stay_as_published_while_the_learner_steps():
     node = None
     try:
         _fill(builder, replay_node, _env_steps(seed=1, count=10))
-        node = learner.LearnerNode(builder, SPEC, replay_node, None, seed=0, num_devices=4)
+        node = learner.LearnerNode(
+            builder, SPEC, replay_node, None, seed=0, settings=LearnerSettings(num_devices=4)
+        )
         while not node.step(timeout=5.0):
             pass
         version, held = node.get_params()

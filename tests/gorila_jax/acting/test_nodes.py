@@ -13,6 +13,7 @@ from gorila_jax import envs
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
+from gorila_jax.learning.settings import LearnerSettings
 from tests import fakes
 from tests.backends import DefaultReplayNode, first_batch
 
@@ -137,6 +138,6 @@ def test_learner_rejects_more_devices_than_the_host_has():
     replay_node = DefaultReplayNode(functools.partial(builder_lib.replay_tables, builder, SPEC))
     try:
         with pytest.raises(ValueError, match="num_learner_devices=8 but this host has 4"):
-            learner.LearnerNode(builder, SPEC, replay_node, None, 0, num_devices=8)
+            learner.LearnerNode(builder, SPEC, replay_node, None, 0, LearnerSettings(num_devices=8))
     finally:
         replay_node.close()

@@ -14,6 +14,7 @@ from agents import dqn, ppo, sac
 from agents.dqn import learning as dqn_learning
 from gorila_jax import demonstrations, envs, replay
 from gorila_jax.learning import learner
+from gorila_jax.learning.settings import LearnerSettings
 from tests.gorila_jax.health.test_balance import random_transitions
 from tests.backends import DefaultReplayNode, sampled_items
 
@@ -170,7 +171,9 @@ def test_a_learner_samples_demonstrations_at_the_configured_share_and_sends_no_p
 ):
     builder = dqn.DQNBuilder(DQN_CONFIG)
     node, codec = _server_with_demos(builder, CARTPOLE, demo_dir)
-    learner_node = learner.LearnerNode(builder, CARTPOLE, node, None, 0, 1)
+    learner_node = learner.LearnerNode(
+        builder, CARTPOLE, node, None, 0, LearnerSettings(num_devices=1)
+    )
     try:
         writer = replay.connect(node).writer(dqn.builder.TABLE)
         writer.write(codec.encode(random_transitions(1000, seed=0), source=0), np.ones(1000))
@@ -226,7 +229,7 @@ def test_sac_learns_from_batches_mixed_with_demonstrations(tmp_path):
     episodes = demonstrations.record("Pendulum-v1", random_torque, episodes=2, seed=0)
     demonstrations.write(str(tmp_path), episodes, "Pendulum-v1", "uniform random")
     node, _ = _server_with_demos(builder, spec, str(tmp_path))
-    learner_node = learner.LearnerNode(builder, spec, node, None, 0, 1)
+    learner_node = learner.LearnerNode(builder, spec, node, None, 0, LearnerSettings(num_devices=1))
     try:
         # Items of its own table, as actor 0's adder writes them: other random episodes.
         own = demonstrations.record("Pendulum-v1", random_torque, episodes=1, seed=1)

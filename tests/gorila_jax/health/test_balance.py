@@ -19,6 +19,7 @@ from gorila_jax import envs, replay, types
 from gorila_jax.health import balance
 from gorila_jax.learning import learner
 from gorila_jax.run import elastic, experiment, wiring
+from gorila_jax.learning.settings import LearnerSettings
 from tests.backends import DefaultReplayNode
 from tests import fakes
 from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
@@ -331,7 +332,11 @@ def learner_on_a_dqn_table(
         ]
 
     replay_node = DefaultReplayNode(table)
-    return replay_node, learner.LearnerNode(builder, spec, replay_node, None, 0, 1), codec
+    return (
+        replay_node,
+        learner.LearnerNode(builder, spec, replay_node, None, 0, LearnerSettings(num_devices=1)),
+        codec,
+    )
 
 
 def test_downweighting_lowers_the_dominant_actors_share_of_what_the_learner_samples():

@@ -12,6 +12,7 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import parallel, replay
 from gorila_jax.learning import learner, prefetch, sync_learner
 from gorila_jax.learning import step as step_lib
+from gorila_jax.learning.settings import LearnerSettings
 from tests.agents.dqn.test_learning import SPEC, TINY, _random_batch
 from tests.agents.ppo import test_learning as ppo_test
 from tests.agents.sac import test_learning as sac_test
@@ -202,10 +203,8 @@ def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate
         replay_node,
         None,
         0,
-        num_devices=2,
+        LearnerSettings(num_devices=2, max_nonfinite_steps=3, rollback_lr_factor=0.5),
         checkpoint_dir=str(tmp_path / "learner"),
-        max_nonfinite_steps=3,
-        rollback_lr_factor=0.5,
     )
     try:
         _fill(replay_node, builder, 300)  # below the rate limiter's insert cap
@@ -238,7 +237,7 @@ def test_without_a_checkpoint_the_rollback_fails_with_the_reason(tmp_path):
     builder = dqn.DQNBuilder(CONFIG)
     replay_node = DefaultReplayNode(functools.partial(builder_lib.replay_tables, builder, SPEC))
     node = learner.LearnerNode(
-        builder, SPEC, replay_node, None, 0, num_devices=1, max_nonfinite_steps=2
+        builder, SPEC, replay_node, None, 0, LearnerSettings(num_devices=1, max_nonfinite_steps=2)
     )
     try:
         _fill(replay_node, builder, 300)

@@ -24,6 +24,7 @@ from agents import dqn
 from gorila_jax import parallel
 from gorila_jax.distributed import multihost
 from gorila_jax.learning import multihost_learner
+from gorila_jax.learning.settings import LearnerSettings
 from tests.gorila_jax.distributed.test_multihost import NUM_PROCESSES, run_processes
 from tests.gorila_jax.learning.test_fault_numeric import CONFIG, _fill, _NanBatches
 from tests.agents.dqn.test_learning import SPEC
@@ -74,9 +75,8 @@ def _child_main(argv: list[str]) -> None:
         replay_node,
         None,
         seed=0,
+        settings=LearnerSettings(max_nonfinite_steps=MAX_NONFINITE_STEPS, rollback_lr_factor=0.5),
         checkpoint_dir=os.path.join(args.dir, "learner"),
-        max_nonfinite_steps=MAX_NONFINITE_STEPS,
-        rollback_lr_factor=0.5,
         num_learner_hosts=NUM_PROCESSES,
         learner_process_id=args.process_id,
         rendezvous=_FileRendezvous(os.path.join(args.dir, "coordinator")),
