@@ -8,15 +8,13 @@ if _FAKE_DEVICES not in os.environ.get("XLA_FLAGS", ""):
     # Append rather than assign: the user may have XLA_FLAGS of their own.
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAKE_DEVICES}".strip()
 
-# One XLA compilation cache for the suite, its xdist workers and every process they start
-# (runs, Ray workers): the suite compiles the same few agents' steps in hundreds of
-# processes. Measured on SAC, Atari and PPO learning tests run one after another: 79 s
-# without, 82 s filling it, 63 s reading it. Every compiled size is kept (JAX keeps
-# only compilations of over a second by default). Keys hold JAX's version and flags.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(_REPO, ".cache", "xla"))
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# No persistent XLA compilation cache (it was one for the whole suite, .cache/xla, from
+# issue 35 on): a pmapped step with cross-device all-reduces on the 4 forced CPU devices,
+# loaded from it, aborted in XLA's CPU rendezvous ("only 2 of 4 threads arrived", then
+# SIGABRT after 40 s) where the same step compiled afresh ran; DQfD's margin-loss test
+# did so on every cached load (docs/testing.md). An xdist worker that aborts reads as
+# "node down: Not properly terminated". The cache saved about a fifth of the learning
+# tests' time.
 
 import signal  # noqa: E402
 import threading  # noqa: E402
