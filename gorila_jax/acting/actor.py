@@ -118,9 +118,10 @@ class LimitedActing(program.Worker):
         report interval)."""
         raise NotImplementedError
 
-    def limit_env_steps(self, limit: int, issued: int = 0) -> None:
+    def limit_env_steps(self, limit: int | None, issued: int = 0) -> None:
         """Acts until its env steps reach `limit`, then waits, acting again if a later
-        limit is higher. It may pass `limit` by less than one step of its envs.
+        limit is higher (None: no limit). It may pass `limit` by less than one step of
+        its envs.
 
         `issued` numbers the driver's limits: one that arrives after a later one (calls
         to a Ray actor run on several threads) is dropped.
@@ -128,7 +129,7 @@ class LimitedActing(program.Worker):
         with self._limit_lock:
             if issued >= self._limit_issued:
                 self._limit_issued = issued
-                self._env_step_limit = int(limit)
+                self._env_step_limit = None if limit is None else int(limit)
 
     def at_env_step_limit(self) -> bool:
         """Whether the node is at its limit (then after a short wait: call it again)."""

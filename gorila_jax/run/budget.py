@@ -53,22 +53,39 @@ class EnvStepBudget:
         self._still_s = still_s
         self._endgame = False
         self._last: tuple[float, int] | None = None  # (time, env steps) of the last poll
+        self._rate: float | None = None  # env steps/s, once the monitor's counts moved
         self._limits: dict[str, int] = {}  # actor -> the limit it was given last
         self._moved_at: dict[str, tuple[int, float]] = {}  # actor -> (count, when it was new)
         self._issued = 0  # the share-outs so far: each limit carries its number
 
     def poll(self, env_steps: int) -> None:
-        """At each poll of the driver, with the monitor's total env steps."""
+        """At each poll of the driver, with the monitor's total env steps.
+
+        Until the monitor's counts have moved once, so that no rate is known, the budget
+        is shared out at every poll: a short run's actors may spend it all before their
+        first report (a PPO run of 6,000 env steps was at 6,103 when the monitor first
+        heard of it, and ended at 6,502). Once a rate shows the end is far, those limits
+        are lifted, until the endgame.
+        """
         now = time.monotonic()
         if not self._endgame:
             last, self._last = self._last, (now, env_steps)
-            if last is None or now <= last[0]:
+            if last is not None and now > last[0] and env_steps > last[1]:
+                self._rate = (env_steps - last[1]) / (now - last[0])
+            if self._rate is not None and self._total - env_steps > self._rate * ENDGAME_S:
+                if self._limits:
+                    self._lift()
                 return
-            rate = (env_steps - last[1]) / (now - last[0])
-            if self._total - env_steps > rate * ENDGAME_S:
-                return
-            self._endgame = True
+            if self._rate is not None:
+                self._endgame = True
         self._share_out()
+
+    def _lift(self) -> None:
+        """Takes the limits of the start back (None: no limit)."""
+        self._issued += 1
+        for _, client in self._actor_clients():
+            client.futures.limit_env_steps(None, self._issued)
+        self._limits = {}
 
     def _share_out(self) -> None:
         actors = self._actor_clients()

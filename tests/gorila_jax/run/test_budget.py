@@ -55,17 +55,23 @@ def test_limits_add_up_to_the_budget_with_the_steps_of_removed_actors_counted():
     # The monitor lags the actors; actor/1 was removed after 300 env steps.
     reported = {"actor/0": {"env_steps": 380}, "actor/1": {"env_steps": 300}, "learner/0": {}}
     keeper = budget.EnvStepBudget(1_000, lambda: list(actors.items()), lambda: reported)
-    keeper.poll(880)  # the first poll only measures the rate
+    keeper.poll(880)  # no rate yet: limits already
     keeper.poll(900)  # 100 to go, under ENDGAME_S seconds at any rate: limits
     # 1,000 - 300 (removed) - 400 - 250 = 50 left: 25 each, from each one's count now.
     assert actors["actor/0"].limit == 425 and actors["actor/2"].limit == 275
-    # Far from the end, no actor is asked anything.
+    # Before a rate is known the whole budget is shared out; once the rate shows the end
+    # is far, the limit is lifted, and no actor is asked anything more until the endgame.
     far = {"actor/0": _Actor(10)}
     keeper = budget.EnvStepBudget(10**9, lambda: list(far.items()), lambda: {})
-    keeper.poll(10)
-    time.sleep(0.05)  # 200 env steps/s
-    keeper.poll(20)
+    keeper.poll(0)  # the monitor has no counts yet
+    assert far["actor/0"].limit == 10**9
+    time.sleep(0.05)
+    keeper.poll(10)  # 200 env steps/s
     assert far["actor/0"].limit is None
+    far["actor/0"].limit = "not asked"
+    time.sleep(0.05)
+    keeper.poll(20)
+    assert far["actor/0"].limit == "not asked"
 
 
 def test_an_actor_that_stood_still_below_its_limit_gets_no_more_and_the_others_fill_it():
