@@ -20,6 +20,7 @@ from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import checkpoint, learner
 from gorila_jax.run import experiment
+from gorila_jax.learning.settings import LearnerSettings
 from tests import fakes
 from tests.backends import DefaultReplayNode, needs_reverb
 
@@ -378,7 +379,9 @@ def _actor_program(budgets: dict[int, int]) -> program.Program:
     with graph.group("replay"):
         shards = [graph.add_node(DefaultReplayNode, make_tables) for _ in range(2)]
     with graph.group("learner"):
-        learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, shards, None, 0, 1)
+        learner_node = graph.add_node(
+            learner.LearnerNode, builder, SPEC, shards, None, 0, LearnerSettings(num_devices=1)
+        )
     with graph.group("actor"):
         for index, budget in budgets.items():
             graph.add_node(

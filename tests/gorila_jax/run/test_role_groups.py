@@ -83,7 +83,7 @@ def test_each_role_has_its_own_replay_and_learner_and_shares_actors_and_monitor(
         assert learner.restart_kwargs is not None
         # One process (local) holds both learners: one device each, never a shared
         # set of devices that both pmap over.
-        assert learner.kwargs["num_devices"] == 1
+        assert learner.args[5].num_devices == 1  # its LearnerSettings
         assert (
             program.node(f"replay@{role}/0")
             .kwargs["checkpoint_dir"]
