@@ -168,7 +168,7 @@ def test_the_rate_limiter_holds_samples_and_inserts_at_the_stated_ratio(nodes):
     assert _drain(node) == 4 * 2 - 4  # released at the minimum size, up to min_diff
     _write(node, [4])
     assert _drain(node) == 5 * 2 - 4 - 4  # one insert releases spi samples
-    # Inserts: samples 6, so inserts may go on while 2 * inserts - 6 <= 12, up to 9.
+    # Inserts may go on while 2 * inserts - samples <= 12: with samples 6, up to 9.
     stop = threading.Event()
     writer = replay.connect(node).writer(TABLE, max_pending=1, stop_event=stop)
     threading.Timer(3.0, stop.set).start()
@@ -176,7 +176,11 @@ def test_the_rate_limiter_holds_samples_and_inserts_at_the_stated_ratio(nodes):
         writer.write(_rows(range(5, 20)), np.ones(15))
         writer.flush()
     writer.close()
-    assert node.table_info()[TABLE]["inserts"] == 9
+    # Against the table's own count of samples: a Reverb dataset's request still in
+    # flight when `_drain` closed it may land later (seen once: 8 samples, 10 inserts).
+    info = node.table_info()[TABLE]
+    assert info["samples"] >= 6
+    assert info["inserts"] == (info["samples"] + 12) // 2
 
 
 def _drain(node) -> int:
