@@ -33,7 +33,8 @@ from gorila_jax import envs, replay, types
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
-from launch import dqn_presets, presets  # noqa: E402
+from agents.dqn import presets as dqn_presets  # noqa: E402
+from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
 _NUM_ENVS = flags.DEFINE_integer("num_envs", 8, "Envs in the actor's envpool.")

@@ -25,7 +25,8 @@ from absl import app, flags  # noqa: E402
 from agents import dqn  # noqa: E402
 from bench.timing import pipeline_rates, raw_envpool  # noqa: E402
 from gorila_jax import envs
-from launch import dqn_presets, presets  # noqa: E402
+from agents.dqn import presets as dqn_presets  # noqa: E402
+from launch import presets  # noqa: E402
 
 FRAME_SKIP = 4
 _ENV = flags.DEFINE_string("env", "Pong-v5", "envpool Atari task id.")

@@ -29,7 +29,7 @@ from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs  # noqa: E402
 from gorila_jax.federated import privacy  # noqa: E402
 from gorila_jax.federated import secure_aggregation as secagg  # noqa: E402
-from launch import dqn_presets  # noqa: E402
+from agents.dqn import presets as dqn_presets  # noqa: E402
 
 _CLIENTS = flags.DEFINE_list("clients", ["2", "4", "8"], "Client counts to measure.")
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds timed per setting.", lower_bound=1)

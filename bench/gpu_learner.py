@@ -34,6 +34,7 @@ from absl import app, flags  # noqa: E402
 
 from bench import timing  # noqa: E402
 from bench.recorded_specs import learner_spec  # noqa: E402
+from agents import registry  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import parallel, precision, types  # noqa: E402
 from gorila_jax.learning import step as step_lib  # noqa: E402
@@ -115,7 +116,7 @@ def measure(agent: str, mode_name: str, devices: list, spec: types.EnvSpec, seco
     mode = MODES[mode_name]
     precision.use_tf32(mode.tf32)  # read when the step is traced, below
     config = _config(agent, mode, spec.env_id)
-    builder = presets.AGENTS[agent].builder(config)
+    builder = registry.AGENTS[agent].builder(config)
     builder.validate(len(devices), spec)  # names the setting when the batch does not split
     step = parallel.pmap_step(step_lib.make_step(builder, spec), devices, step_lib.OUT_AXES)
     batch = parallel.shard_to_devices(timing.random_batch(builder, spec), devices)

@@ -35,7 +35,8 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, replay, types
 from gorila_jax.learning import learner
 from gorila_jax.learning import step as step_lib
-from launch import dqn_presets, presets  # noqa: E402
+from agents.dqn import presets as dqn_presets  # noqa: E402
+from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "CartPole-v1", "envpool task id.")
 _BATCH = flags.DEFINE_multi_string(

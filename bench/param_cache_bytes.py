@@ -38,7 +38,7 @@ from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs  # noqa: E402
 from gorila_jax.acting import param_cache  # noqa: E402
 from gorila_jax.run import experiment  # noqa: E402
-from launch import dqn_presets  # noqa: E402
+from agents.dqn import presets as dqn_presets  # noqa: E402
 
 _ACTORS = flags.DEFINE_integer("num_actors", 8, "Actors in each run.", lower_bound=1)
 _HOSTS = flags.DEFINE_integer("num_hosts", 2, "Simulated actor hosts.", lower_bound=1)

@@ -25,7 +25,8 @@ from absl import app, flags  # noqa: E402
 from agents import ppo  # noqa: E402
 from bench.timing import pipeline_rates, raw_envpool  # noqa: E402
 from gorila_jax import envs
-from launch import ppo_presets, presets  # noqa: E402
+from agents.ppo import presets as ppo_presets  # noqa: E402
+from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "Pong-v5", "envpool Atari task id.")
 _NUM_ACTORS = flags.DEFINE_list("num_actors", ["1", "2"], "Actor counts to run.")

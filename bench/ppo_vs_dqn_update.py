@@ -37,7 +37,9 @@ from agents.ppo import learning  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs, parallel, types  # noqa: E402
 from gorila_jax.learning import step as step_lib  # noqa: E402
-from launch import dqn_presets, ppo_presets, presets  # noqa: E402
+from agents.dqn import presets as dqn_presets  # noqa: E402
+from agents.ppo import presets as ppo_presets  # noqa: E402
+from launch import presets  # noqa: E402
 
 _ENV = flags.DEFINE_string("env", "Pong-v5", "envpool Atari task id.")
 _LENGTH = flags.DEFINE_integer("trajectory_length", 128, "PPO steps per chunk.")

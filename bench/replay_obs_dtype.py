@@ -23,6 +23,7 @@ import reverb  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from bench import timing  # noqa: E402
+from agents import registry  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs, parallel, replay, types  # noqa: E402
 from gorila_jax.learning import step as step_lib  # noqa: E402
@@ -96,7 +97,7 @@ def measure(builder, spec, items: types.Transition, seconds: float) -> dict:
 def main(argv):
     del argv
     spec = envs.env_spec(_ENV.value)
-    agent = presets.AGENTS[_AGENT.value]
+    agent = registry.AGENTS[_AGENT.value]
     config, _ = agent.preset(presets.resolve("auto", _ENV.value, _AGENT.value))
     items = _transitions(spec, _ITEMS.value)
     results = {}

@@ -1,8 +1,5 @@
-"""The agents `--agent` names (`AGENTS`) and their named presets.
-
-`AGENTS` is the one registry of agents: the CLI (launch/train.py,
-launch/evaluate.py), preset loading and the tests read it. It lives here,
-next to the preset functions it holds, because agents/ sits below launch/.
+"""Named presets and preset files for the agents of `agents.registry.AGENTS`, and the
+preset `--preset=auto` picks by what the env is.
 
 A preset returns the agent config and the experiment fields it changes;
 explicit flags (`--num_actors`, `--config.batch_size`, ...) win over it.
@@ -15,16 +12,14 @@ explicit flags (`--num_actors`, `--config.batch_size`, ...) win over it.
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
 
-from agents import dqn, ppo, qrdqn, sac
-from gorila_jax import builder as builder_lib
+from agents.registry import AGENTS
 from gorila_jax import envs, types
 from gorila_jax.learning import checkpoint
-from launch import dqn_presets, families, ppo_presets, qrdqn_presets, sac_presets
+from launch import families
 
 # The preset `--preset=auto` gives each agent in each env family (what the env
 # is, from its spec: launch/families.py). An agent missing from a family
@@ -87,74 +82,8 @@ def auto_preset(agent: str, spec: types.EnvSpec) -> str:
     return AUTO_PRESETS[family][agent]
 
 
-Preset = Callable[[str], tuple[Any, dict[str, Any]]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Agent:
-    """One agent `--agent` can name.
-
-    Attributes:
-      builder: its `AgentBuilder` class, made from a config.
-      config: its config dataclass; `config()` is its default.
-      preset: preset name (not auto) -> (config, experiment settings).
-      preset_names: the names `preset` takes.
-      gorila_preset: `preset` as Gorila mode needs it; None: `preset` there too.
-      preset_info: preset name -> (env family, what it changes), for `--list_presets`.
-    """
-
-    builder: type
-    config: type
-    preset: Preset
-    preset_names: tuple[str, ...]
-    gorila_preset: Preset | None = None
-    preset_info: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
-
-
-AGENTS = {
-    "dqn": Agent(
-        dqn.DQNBuilder,
-        dqn.DQNConfig,
-        dqn_presets.dqn_preset,
-        dqn_presets.DQN_PRESETS,
-        dqn_presets.dqn_gorila_preset,
-        dqn_presets.DQN_PRESET_INFO,
-    ),
-    "ppo": Agent(
-        ppo.PPOBuilder,
-        ppo.PPOConfig,
-        ppo_presets.ppo_preset,
-        ppo_presets.PPO_PRESETS,
-        preset_info=ppo_presets.PPO_PRESET_INFO,
-    ),
-    "sac": Agent(
-        sac.SACBuilder,
-        sac.SACConfig,
-        sac_presets.sac_preset,
-        sac_presets.SAC_PRESETS,
-        preset_info=sac_presets.SAC_PRESET_INFO,
-    ),
-    "qrdqn": Agent(
-        qrdqn.QRDQNBuilder,
-        qrdqn.QRDQNConfig,
-        qrdqn_presets.qrdqn_preset,
-        qrdqn_presets.QRDQN_PRESETS,
-        qrdqn_presets.qrdqn_gorila_preset,
-        qrdqn_presets.QRDQN_PRESET_INFO,
-    ),
-}
 # Every name --preset takes, for some agent.
 NAMES = ("auto", *dict.fromkeys(name for agent in AGENTS.values() for name in agent.preset_names))
-
-
-def agents_taking_demos() -> tuple[str, ...]:
-    """The agents that can learn from demonstrations (`--demos`): their builder is
-    `builder.LearnsFromDemonstrations`."""
-    return tuple(
-        name
-        for name, agent in AGENTS.items()
-        if isinstance(agent.builder(agent.config()), builder_lib.LearnsFromDemonstrations)
-    )
 
 
 def is_file(name: str) -> bool:

@@ -31,6 +31,7 @@ import envpool.registration
 from absl import app, flags
 from ml_collections import config_flags
 
+from agents import registry
 from gorila_jax import config_checks, console, envs, multiagent, tracking, types
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
@@ -38,7 +39,7 @@ from gorila_jax.run import logdir as logdir_lib
 from launch import families, presets, schedules
 
 _AGENT = flags.DEFINE_enum(
-    "agent", "dqn", list(presets.AGENTS), "Which agent to train (docs/agents.md)."
+    "agent", "dqn", list(registry.AGENTS), "Which agent to train (docs/agents.md)."
 )
 _PRESET = flags.DEFINE_string(
     "preset",
@@ -118,7 +119,7 @@ def _define_config_flag(argv: list[str]) -> None:
     parser.add_argument("--agent", default="dqn")
     agent = parser.parse_known_args(argv[1:])[0].agent
     # An unknown --agent fails in parsing, after this.
-    config_cls = presets.AGENTS.get(agent, presets.AGENTS["dqn"]).config
+    config_cls = registry.AGENTS.get(agent, registry.AGENTS["dqn"]).config
     fields = [field.name for field in dataclasses.fields(config_cls)]
     for arg in argv[1:]:
         if arg.startswith("--config."):
@@ -162,10 +163,10 @@ def role_agents(env_id: str, text: str, default_agent: str) -> dict[str, str]:
     agents = dict.fromkeys(roles, default_agent)
     for pair in pairs:
         role, sep, agent = pair.partition("=")
-        if not sep or role not in roles or agent not in presets.AGENTS:
+        if not sep or role not in roles or agent not in registry.AGENTS:
             raise ValueError(
                 f"--role_agents: {pair!r} is not role=agent with a role of {env_id} "
-                f"({', '.join(roles)}) and an agent ({', '.join(presets.AGENTS)})"
+                f"({', '.join(roles)}) and an agent ({', '.join(registry.AGENTS)})"
             )
         agents[role] = agent
     return agents
@@ -239,8 +240,8 @@ def make_builders(config: Any) -> Any:
     if isinstance(config, dict):
         env_id = _EXPERIMENT_FLAGS["env_id"].value
         agents = role_agents(env_id, _ROLE_AGENTS.value, _AGENT.value)
-        return {role: presets.AGENTS[agents[role]].builder(c) for role, c in config.items()}
-    return presets.AGENTS[_AGENT.value].builder(config)
+        return {role: registry.AGENTS[agents[role]].builder(c) for role, c in config.items()}
+    return registry.AGENTS[_AGENT.value].builder(config)
 
 
 def check_configs(builder, exp_config: experiment.ExperimentConfig) -> experiment.CheckedRun:
@@ -249,13 +250,13 @@ def check_configs(builder, exp_config: experiment.ExperimentConfig) -> experimen
     Raises:
       ValueError: naming the setting at fault.
     """
-    return experiment.check_run(builder, exp_config, presets.agents_taking_demos())
+    return experiment.check_run(builder, exp_config, registry.agents_taking_demos())
 
 
 def preset_lines() -> list[str]:
     """One line per preset of every agent: agent, preset, env family, what it changes."""
     rows = [("agent", "preset", "env family", "what it changes")]
-    for agent_name, agent in presets.AGENTS.items():
+    for agent_name, agent in registry.AGENTS.items():
         for preset in agent.preset_names:
             family, change = agent.preset_info.get(preset, ("?", "(not described)"))
             auto = [f for f, pick in presets.AUTO_PRESETS.items() if pick.get(agent_name) == preset]
@@ -292,9 +293,9 @@ def _agents_that_act(spec: types.EnvSpec, cache: dict) -> tuple[str, ...]:
     if key not in cache:
         accepted = []
         for name in presets.agents_for(family):
-            config, _ = presets.AGENTS[name].preset(presets.auto_preset(name, spec))
+            config, _ = registry.AGENTS[name].preset(presets.auto_preset(name, spec))
             try:
-                presets.AGENTS[name].builder(config).validate(1, spec)
+                registry.AGENTS[name].builder(config).validate(1, spec)
             except ValueError:  # the builder rejects it
                 continue
             accepted.append(name)

@@ -19,7 +19,7 @@ from agents import dqn
 from gorila_jax import curves, envs
 from gorila_jax.gorila import parameter_server
 from gorila_jax.run import experiment
-from launch import dqn_presets
+from agents.dqn import presets as dqn_presets
 from tests.backends import BACKENDS
 
 

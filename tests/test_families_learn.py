@@ -9,6 +9,7 @@ nothing cannot reach.
 
 import pytest
 
+from agents import registry
 from gorila_jax.run import experiment
 from launch import presets
 
@@ -36,7 +37,7 @@ def _final_return(tmp_path, agent: str, env_id: str, total_env_steps: int) -> di
             **({"eval_episodes": EVAL_EPISODES[env_id]} if env_id in EVAL_EPISODES else {}),
         }
     )
-    summary = experiment.run_experiment(presets.AGENTS[agent].builder(config), exp)
+    summary = experiment.run_experiment(registry.AGENTS[agent].builder(config), exp)
     assert summary["env_steps"] >= total_env_steps, summary["stop_reason"]
     assert summary["final_eval_episodes"] >= 10
     return summary

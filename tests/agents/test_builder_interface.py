@@ -1,6 +1,6 @@
 """Every registered agent fills the whole builder contract and trains through `launch.train`.
 
-Parametrized over the agent registry `launch.presets.AGENTS`, so an agent added there is checked
+Parametrized over the agent registry `agents.registry.AGENTS`, so an agent added there is checked
 here without a test edit: the skeleton drives each of them through the same
 code (actor, adder, replay table, learner step, evaluation) and knows them
 only through `gorila_jax.builder.AgentBuilder`.
@@ -16,13 +16,13 @@ import sys
 import jax
 import pytest
 
+from agents import registry
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
-from launch import presets
 
 from tests import REPO
 
-AGENT_NAMES = sorted(presets.AGENTS)
+AGENT_NAMES = sorted(registry.AGENTS)
 # The first of these an agent accepts is the one its smoke run uses.
 SMOKE_ENVS = ("CartPole-v1", "Pendulum-v1")
 
@@ -40,7 +40,7 @@ def _contract() -> dict[str, inspect.Signature | None]:
 
 
 def _builder(agent: str):
-    return presets.AGENTS[agent].builder(presets.AGENTS[agent].config())
+    return registry.AGENTS[agent].builder(registry.AGENTS[agent].config())
 
 
 def test_the_contract_is_what_the_skeleton_calls():
@@ -91,7 +91,7 @@ def test_builder_implements_the_whole_contract(agent):
             expected = [p for p in signature.parameters if p != "self"]
             actual = list(inspect.signature(getattr(builder, name)).parameters)
             assert actual == expected, f"{agent}.{name}{actual}: the skeleton calls it {expected}"
-    assert presets.AGENTS[agent].preset_names, f"{agent} has no presets for --preset"
+    assert registry.AGENTS[agent].preset_names, f"{agent} has no presets for --preset"
     spec = _smoke_spec(agent)
     fns = builder.update_fns(spec)
     # Either one gradient (Gorila-capable) or a whole step: the learner runs one or the other.
@@ -158,5 +158,5 @@ def test_agent_trains_through_the_launch_train_entry_point(agent, tmp_path):
     assert summary["env_id"] == env_id and summary["stop_reason"] == "total_env_steps reached"
     assert summary["learner_steps"] > 0 and summary["params_version"] > 0
     assert summary["final_eval_episodes"] == 2 and math.isfinite(summary["final_eval_return"])
-    config_fields = {f.name for f in dataclasses.fields(presets.AGENTS[agent].config)}
+    config_fields = {f.name for f in dataclasses.fields(registry.AGENTS[agent].config)}
     assert set(summary["agent_config"]) == config_fields  # the agent's preset config ran

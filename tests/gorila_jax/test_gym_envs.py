@@ -15,7 +15,8 @@ import pytest
 from agents import dqn
 from gorila_jax import env_api, envs
 from gorila_jax.run import experiment
-from launch import dqn_presets, families, presets
+from agents.dqn import presets as dqn_presets
+from launch import families, presets
 from tests.test_end_to_end import _assert_solved_at_the_end, _cartpole
 
 CORRIDOR_LENGTH = 6

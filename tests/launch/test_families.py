@@ -4,8 +4,10 @@ import dataclasses
 
 import pytest
 
+from agents import registry
 from gorila_jax import envs
-from launch import dqn_presets, families, presets, train
+from agents.dqn import presets as dqn_presets
+from launch import families, presets, train
 
 EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "num_envs_per_actor"}
 
@@ -64,7 +66,7 @@ def test_an_env_no_agent_can_take_is_refused_saying_why(env_id, message):
     with pytest.raises(ValueError) as error:
         families.family(envs.env_spec(env_id))
     assert message in str(error.value)
-    for agent in presets.AGENTS:  # the same reason, whichever agent is asked
+    for agent in registry.AGENTS:  # the same reason, whichever agent is asked
         with pytest.raises(ValueError) as error:
             presets.load("auto", agent, env_id, EXPERIMENT_FIELDS)
         assert message in str(error.value)
@@ -94,8 +96,8 @@ def test_an_env_no_agent_can_take_is_refused_saying_why(env_id, message):
 def test_auto_gives_each_agent_its_preset_for_the_family(agent, env_id, preset):
     assert presets.resolve("auto", env_id, agent) == preset
     config, settings = presets.load("auto", agent, env_id, EXPERIMENT_FIELDS)
-    assert (config, settings) == presets.AGENTS[agent].preset(preset)
-    presets.AGENTS[agent].builder(config).validate(1, envs.env_spec(env_id))
+    assert (config, settings) == registry.AGENTS[agent].preset(preset)
+    registry.AGENTS[agent].builder(config).validate(1, envs.env_spec(env_id))
 
 
 @pytest.mark.parametrize(
@@ -148,10 +150,10 @@ def test_every_preset_auto_picks_is_one_the_agent_has():
     for family, picks in presets.AUTO_PRESETS.items():
         assert family in families.FAMILIES
         for agent, preset in picks.items():
-            assert preset in presets.AGENTS[agent].preset_names, (family, agent)
+            assert preset in registry.AGENTS[agent].preset_names, (family, agent)
     for preset in presets.ATARI_DIFFICULTY.values():
-        assert preset in presets.AGENTS["dqn"].preset_names
-        assert preset in presets.AGENTS["ppo"].preset_names
+        assert preset in registry.AGENTS["dqn"].preset_names
+        assert preset in registry.AGENTS["ppo"].preset_names
 
 
 def test_list_presets_says_what_auto_picks_in_each_family():

@@ -5,10 +5,12 @@ import dataclasses
 import pytest
 
 from agents import dqn
+from agents import registry
 from gorila_jax import envs
 from gorila_jax.gorila import mode
 from gorila_jax.run import experiment
-from launch import dqn_presets, presets
+from agents.dqn import presets as dqn_presets
+from launch import presets
 
 EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "num_envs_per_actor"}
 
@@ -35,7 +37,7 @@ def test_other_envs_get_the_briefs_defaults_or_their_own_preset():
 
 def test_auto_falls_back_to_the_agents_default_where_it_has_no_preset_for_the_env():
     config, _ = presets.load("auto", "qrdqn", "Pong-v5", EXPERIMENT_FIELDS)
-    assert config == presets.AGENTS["qrdqn"].preset("default")[0]
+    assert config == registry.AGENTS["qrdqn"].preset("default")[0]
     with pytest.raises(ValueError, match="unknown preset 'simple'"):  # asked for by name
         presets.load("simple", "qrdqn", "Pong-v5", EXPERIMENT_FIELDS)
 
@@ -88,9 +90,9 @@ def test_gorila_mode_lowers_adams_momentum_in_the_dqn_cartpole_preset_only():
     assert pong.adam_b1 == 0.9  # measured on CartPole only
 
 
-@pytest.mark.parametrize("agent", sorted(presets.AGENTS))
+@pytest.mark.parametrize("agent", sorted(registry.AGENTS))
 def test_every_registered_agent_has_each_preset_it_names(agent):
-    entry = presets.AGENTS[agent]
+    entry = registry.AGENTS[agent]
     fields = {field.name for field in dataclasses.fields(experiment.ExperimentConfig)}
     for name in entry.preset_names:
         config, settings = entry.preset(name)
@@ -104,7 +106,7 @@ def test_a_run_record_rebuilds_only_registered_agents():
     record = {"agent_config_class": "os.path.join", "agent_config": {}, "builder": "os.system"}
     with pytest.raises(ValueError, match="'os.path.join', which is not an agent"):
         presets.builder_from_record(record, None)
-    dqn_config = presets.AGENTS["dqn"].config
+    dqn_config = registry.AGENTS["dqn"].config
     path = f"{dqn_config.__module__}.{dqn_config.__qualname__}"
     with pytest.raises(ValueError, match="'os.system', which is not an agent"):
         presets.builder_from_record({**record, "agent_config_class": path}, None)

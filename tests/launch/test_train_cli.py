@@ -13,6 +13,7 @@ from typing import Callable
 import psutil
 import pytest
 
+from agents import registry
 from gorila_jax import envs, multiagent, replay
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
@@ -134,7 +135,7 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
     base, preset_settings = presets.load(preset, agent, env, set(train._EXPERIMENT_FLAGS), mode)
     agent_config = dataclasses.replace(base, **(config or {}))
     exp = experiment.ExperimentConfig(**{**preset_settings, "env_id": env, **settings})
-    train.check_configs(presets.AGENTS[agent].builder(agent_config), exp)
+    train.check_configs(registry.AGENTS[agent].builder(agent_config), exp)
 
 
 @pytest.mark.parametrize(
@@ -293,7 +294,7 @@ def test_list_presets_prints_every_preset_of_every_agent_and_exits_0(tmp_path):
     result = _train(str(tmp_path), "--list_presets")
     assert result.returncode == 0, result.stderr[-2000:]
     rows = {tuple(line.split()[:2]) for line in result.stdout.splitlines()}
-    for name, agent in presets.AGENTS.items():
+    for name, agent in registry.AGENTS.items():
         for preset in agent.preset_names:
             assert (name, preset) in rows
             family, change = agent.preset_info[preset]
@@ -345,7 +346,7 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
 
 def test_the_cold_tier_flags_reach_each_replay_shards_tiers(tmp_path):
     base = presets.load("auto", "dqn", "CartPole-v1", set(train._EXPERIMENT_FLAGS))[0]
-    builder = presets.AGENTS["dqn"].builder(dataclasses.replace(base, hot_replay_size=10_000))
+    builder = registry.AGENTS["dqn"].builder(dataclasses.replace(base, hot_replay_size=10_000))
     exp = experiment.ExperimentConfig(
         env_id="CartPole-v1",
         logdir=str(tmp_path),

@@ -11,7 +11,7 @@ import pytest
 
 from agents import ppo
 from gorila_jax.run import experiment
-from launch import ppo_presets
+from agents.ppo import presets as ppo_presets
 
 
 def _cartpole(tmp_path, **overrides) -> tuple[ppo.PPOBuilder, experiment.ExperimentConfig]:

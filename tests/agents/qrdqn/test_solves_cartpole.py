@@ -11,6 +11,7 @@ import dataclasses
 
 import pytest
 
+from agents import registry
 from gorila_jax.run import experiment
 from launch import presets
 
@@ -28,7 +29,7 @@ def _cartpole(tmp_path, learner_mode: str = "sync", **overrides):
         learner_mode=learner_mode,
         **{**settings, **overrides},
     )
-    return presets.AGENTS["qrdqn"].builder(config), exp
+    return registry.AGENTS["qrdqn"].builder(config), exp
 
 
 def _assert_solved_at_the_end(summary, exp) -> None:

@@ -1,4 +1,4 @@
-"""PPO's named presets (launch/presets.py dispatches `--agent=ppo` here)."""
+"""PPO's named presets, registered under `--agent=ppo` in agents/registry.py."""
 
 import dataclasses
 from typing import Any

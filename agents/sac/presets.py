@@ -1,4 +1,5 @@
-"""SAC's named presets (see launch/presets.py for how presets and flags combine)."""
+"""SAC's named presets, registered under `--agent=sac` in agents/registry.py (launch/presets.py
+says how presets and flags combine)."""
 
 import dataclasses
 from typing import Any

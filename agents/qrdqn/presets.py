@@ -1,10 +1,10 @@
-"""QR-DQN's named presets (launch/presets.py dispatches `--agent=qrdqn` here)."""
+"""QR-DQN's named presets, registered under `--agent=qrdqn` in agents/registry.py."""
 
 import dataclasses
 from typing import Any
 
 from agents import qrdqn
-from launch import dqn_presets
+from agents.dqn import presets as dqn_presets
 
 QRDQN_PRESETS = ("default", "cartpole")
 # preset -> (env family, what it changes), for `--list_presets`.

@@ -1,4 +1,4 @@
-"""DQN's named presets (launch/presets.py registers them under `--agent=dqn`)."""
+"""DQN's named presets, registered under `--agent=dqn` in agents/registry.py."""
 
 import dataclasses
 from typing import Any
