@@ -12,6 +12,7 @@ from gorila_jax.distributed import program
 from gorila_jax.gorila import compression, parameter_server
 from gorila_jax.health import balance
 from gorila_jax.learning import replay_learner
+from gorila_jax.learning import settings as learner_settings
 from gorila_jax.learning import step as step_lib
 
 
@@ -72,16 +73,16 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
       monitor: the monitor node (or None when driven by hand).
       seed: root seed (the shards build the same initial parameters from it).
       worker_index: this worker's index (monitor key "<group>/<i>").
-      num_devices: local devices to pmap over; 0 takes them all.
+      settings: the run's learner settings: devices, reports, TF32 and (worker 0's)
+        checkpoints. Its rollback settings do not apply: a worker never applies a
+        non-finite gradient, so there is nothing to roll back (a Gorila run refuses
+        them: run/combinations.py).
       async_update: pull fresh parameters every this many pushed gradients.
       compression_scheme: one of compression.GRADIENT_SCHEMES.
       outlier_stds: drop gradients whose loss exceeds mean + this many stds; 0 disables.
-      report_interval_s: how often counters go to the monitor.
-      tf32: TensorFloat-32 matmuls on GPUs (`precision.use_tf32`).
       checkpoint_dir: given to one worker (index 0), which then checkpoints
-        the shards and the replay every `checkpoint_interval_steps` global
+        the shards and the replay every `settings.checkpoint_interval_steps` global
         updates and when it stops (`save_checkpoint`).
-      max_checkpoints_to_keep: older checkpoints (and their replay) are deleted.
       restored_counters: the counters this worker reported last (a restart
         or a resume continues them).
     """
@@ -95,22 +96,18 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         monitor: program.Client | None,
         seed: int,
         worker_index: int,
-        num_devices: int = 0,
+        settings: learner_settings.LearnerSettings = learner_settings.DEFAULTS,
         async_update: int = 1,
         compression_scheme: str = "none",
         outlier_stds: float = 0.0,
-        report_interval_s: float = 1.0,
-        tf32: bool = False,
         checkpoint_dir: str | None = None,
-        checkpoint_interval_steps: int = 0,
-        max_checkpoints_to_keep: int = 2,
         restored_counters: dict[str, float] | None = None,
         group: str = "gradient_worker",
     ):
-        precision.use_tf32(tf32)
+        precision.use_tf32(settings.tf32)
         if async_update < 1:
             raise ValueError(f"async_update must be positive, got {async_update}")
-        devices = parallel.local_devices(num_devices)
+        devices = parallel.local_devices(settings.num_devices)
         builder.validate(len(devices))
         super().__init__(
             builder,
@@ -119,9 +116,8 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
             monitor,
             f"{group}/{worker_index}",
             devices,
-            report_interval_s,
+            settings,
             checkpoint_dir,
-            max_checkpoints_to_keep,
             restored_counters,
         )
         self._index, self._async_update = worker_index, async_update
@@ -144,7 +140,7 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         self._latest_metrics: dict[str, Any] = {}
         restored = restored_counters or {}
         self.counters = {name: int(restored.get(name, 0)) for name in _COUNTERS}
-        self._checkpoint_interval = checkpoint_interval_steps if checkpoint_dir else 0
+        self._checkpoint_interval = settings.checkpoint_interval_steps if checkpoint_dir else 0
         self._last_checkpoint_step = self.global_step()
 
     def _refresh(self) -> None:

@@ -13,6 +13,7 @@ from gorila_jax.distributed import program
 from gorila_jax.health import balance
 from gorila_jax.health import monitor as monitor_lib
 from gorila_jax.learning import checkpoint, prefetch
+from gorila_jax.learning import settings as learner_settings
 
 
 class ReplayLearnerNode(program.Worker):
@@ -36,9 +37,9 @@ class ReplayLearnerNode(program.Worker):
       monitor: the monitor node (or None when driven by hand).
       name: the node's name, as the monitor knows it.
       devices: the local devices batches go to.
-      report_interval_s: how often counters go to the monitor.
+      settings: the node's settings (its report interval and checkpoints to keep here;
+        the rest is the subclass's).
       checkpoint_dir: the node's checkpoint directory (absolute); None: no checkpoints.
-      max_checkpoints_to_keep: older checkpoints (and their replay) are deleted.
       restored_counters: the counters this node reported last (a restart or a
         resume continues its rows per actor).
     """
@@ -51,21 +52,20 @@ class ReplayLearnerNode(program.Worker):
         monitor: program.Client | None,
         name: str,
         devices: list,
-        report_interval_s: float,
+        settings: learner_settings.LearnerSettings,
         checkpoint_dir: str | None,
-        max_checkpoints_to_keep: int,
         restored_counters: dict[str, float] | None,
     ):
         super().__init__()
         self._builder, self._monitor, self._name = builder, monitor, name
-        self._devices, self._report_interval_s = devices, report_interval_s
+        self._devices, self._settings = devices, settings
         self._replay = replay.ReplayShards(replay_client)
         layout = builder.replay_layout(spec)
         self._codec, self._sample_table = layout.codec, layout.sample_table
         self._checkpoints: checkpoint.LearnerCheckpoints | None = None
         if checkpoint_dir is not None:
             self._checkpoints = checkpoint.LearnerCheckpoints(
-                checkpoint_dir, max_checkpoints_to_keep
+                checkpoint_dir, settings.max_checkpoints_to_keep
             )
         self._last_checkpoint_step = 0
         self._sampled = balance.SampledRows(restored_counters)
@@ -186,7 +186,7 @@ class ReplayLearnerNode(program.Worker):
             self._monitor,
             self._name,
             self._heartbeat_counters,
-            self._report_interval_s,
+            self._settings.report_interval_s,
             metrics=self._heartbeat_metrics(),
         ).start()
         try:

@@ -59,7 +59,6 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
     ):
         precision.use_tf32(settings.tf32)
         self._is_chief, self._num_processes = is_chief, num_processes
-        self._settings = settings
         devices = parallel.local_devices(settings.num_devices)
         builder.validate(num_processes * len(devices))
         super().__init__(
@@ -69,9 +68,8 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             monitor,
             name,
             devices,
-            settings.report_interval_s,
+            settings,
             checkpoint_dir if is_chief else None,
-            settings.max_checkpoints_to_keep,
             restored_counters,
         )
         self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
@@ -252,7 +250,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         }
 
     def _between_steps(self) -> None:
-        if time.monotonic() - self._last_report >= self._report_interval_s:
+        if time.monotonic() - self._last_report >= self._settings.report_interval_s:
             self._report()
             self._last_report = time.monotonic()
         interval = self._settings.checkpoint_interval_steps

@@ -13,6 +13,9 @@ from typing import Any, Callable, Sequence
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import multiagent
+from gorila_jax.learning import settings as learner_settings
+
+_ROLLBACK = ("max_nonfinite_steps", "rollback_lr_factor", "rollback_param_noise")
 
 # Feature name (as refusals and the docs name it) -> whether the settings ask for it.
 SETTING_FEATURES: dict[str, Callable[[Any], bool]] = {
@@ -31,6 +34,11 @@ SETTING_FEATURES: dict[str, Callable[[Any], bool]] = {
     "launcher=launchpad": lambda cfg: cfg.launcher == "launchpad",
     "num_learner_devices above 1 with launcher=local": lambda cfg: (
         cfg.launcher == "local" and cfg.num_learner_devices > 1
+    ),
+    "max_nonfinite_steps, rollback_lr_factor or rollback_param_noise off its default": (
+        lambda cfg: any(
+            getattr(cfg, name) != getattr(learner_settings.DEFAULTS, name) for name in _ROLLBACK
+        )
     ),
 }
 # Feature name -> whether one of the run's agents asks for it.
@@ -60,6 +68,14 @@ class RunKind:
 
 
 KINDS = (
+    RunKind(
+        "learner_mode=gorila",
+        lambda cfg: cfg.learner_mode == "gorila",
+        ("max_nonfinite_steps, rollback_lr_factor or rollback_param_noise off its default",),
+        "learner_mode=gorila does not take {asked}: a gradient worker drops a non-finite "
+        "gradient before the shards see it, so there is nothing to roll back",
+        "a worker drops a non-finite gradient (`dropped_nonfinite`) instead of rolling back",
+    ),
     RunKind(
         "launcher=launchpad",
         lambda cfg: cfg.launcher == "launchpad",

@@ -17,6 +17,7 @@ from gorila_jax.distributed import launchers, program
 from gorila_jax.gorila import compression, mode, parameter_server, shard_node, workers
 from gorila_jax.learning import checkpoint, sync_learner
 from gorila_jax.learning import step as step_lib
+from gorila_jax.learning.settings import LearnerSettings
 from gorila_jax.run import experiment
 from tests.agents.dqn.test_learning import TINY, _random_batch
 from tests.gorila_jax.learning.test_fault_numeric import _nan_batch
@@ -53,7 +54,7 @@ def _gorila_program(
             None,
             SEED,
             0,
-            num_devices=1,
+            LearnerSettings(num_devices=1),
             **worker_options,
         )
     graph.node("gradient_worker").disable_run()

@@ -23,9 +23,13 @@ ASKING = {
     "num_learner_devices above 1 with launcher=local": dict(
         launcher="local", num_learner_devices=2
     ),
+    "max_nonfinite_steps, rollback_lr_factor or rollback_param_noise off its default": dict(
+        rollback_lr_factor=0.25
+    ),
 }
 # Settings that make each kind of run.
 KIND_OF = {
+    "learner_mode=gorila": dict(learner_mode="gorila"),
     "launcher=launchpad": dict(launcher="launchpad"),
     "learner_mode=federated": dict(learner_mode="federated"),
     "a multi-agent env of several roles (role groups)": dict(env_id="mpe/simple_tag_v3"),
@@ -61,6 +65,14 @@ def test_a_plain_run_refuses_none_of_them():
         if feature in ("learner_mode=federated", "launcher=launchpad"):
             continue  # those make kinds of their own
         combinations.check_settings(experiment.ExperimentConfig(**{**PLAIN, **settings}))
+
+
+@pytest.mark.parametrize("setting", [dict(max_nonfinite_steps=0), dict(rollback_param_noise=0.01)])
+def test_a_gorila_run_refuses_each_rollback_setting_it_would_ignore(setting):
+    cfg = experiment.ExperimentConfig(**{**PLAIN, "learner_mode": "gorila", **setting})
+    with pytest.raises(ValueError, match="nothing to roll back"):
+        combinations.check_settings(cfg)
+    combinations.check_settings(experiment.ExperimentConfig(**{**PLAIN, **setting}))  # sync
 
 
 def test_an_agent_with_a_tiered_replay_is_refused_by_federated_runs_and_role_groups(tmp_path):
