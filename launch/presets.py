@@ -31,9 +31,13 @@ AUTO_PRESETS = {
     "continuous": {"ppo": "mujoco", "sac": "mujoco"},
     "multiagent": {"dqn": "mpe", "ppo": "mpe"},
 }
-# Within the image family, the games of the brief's difficulty table, by the
-# env id's name before the version, for the agents that have these presets.
-ATARI_DIFFICULTY = {"Pong": "simple", "Breakout": "medium", "MontezumaRevenge": "hard"}
+# Within a family, the preset an env's name (before the version) picks, for the
+# agents that have it: the Atari games of the brief's difficulty table, and the
+# vector tasks RL Zoo tuned DQN's values for.
+BY_ENV_NAME = {
+    "image": {"Pong": "simple", "Breakout": "medium", "MontezumaRevenge": "hard"},
+    "vector_discrete": {"LunarLander": "lunarlander", "Acrobot": "lunarlander"},
+}
 
 
 def agents_for(family: str) -> tuple[str, ...]:
@@ -64,8 +68,8 @@ def check_agent_can_act(agent: str, spec: types.EnvSpec) -> str:
 
 def resolve(name: str, env_id: str, agent: str = "dqn") -> str:
     """The preset name `name` stands for: `auto` is `agent`'s preset for the env's family
-    (`AUTO_PRESETS`), or the difficulty's for an Atari game the brief names; a named
-    preset is taken as given.
+    (`AUTO_PRESETS`), or the one its name picks within the family (`BY_ENV_NAME`) where
+    the agent has that preset; a named preset is taken as given.
 
     Raises:
       ValueError: for `auto`, as `check_agent_can_act`.
@@ -76,9 +80,9 @@ def resolve(name: str, env_id: str, agent: str = "dqn") -> str:
 def auto_preset(agent: str, spec: types.EnvSpec) -> str:
     """`agent`'s preset for `spec`'s family, as `resolve` says."""
     family = check_agent_can_act(agent, spec)
-    difficulty = ATARI_DIFFICULTY.get(spec.env_id.split("-")[0])
-    if family == "image" and difficulty in AGENTS[agent].preset_names:
-        return difficulty
+    by_name = BY_ENV_NAME.get(family, {}).get(spec.env_id.split("-")[0])
+    if by_name in AGENTS[agent].preset_names:
+        return by_name
     return AUTO_PRESETS[family][agent]
 
 

@@ -276,8 +276,14 @@ def auto_lines() -> list[str]:
     for family, picks in presets.AUTO_PRESETS.items():
         chosen = ", ".join(f"{agent} {name}" for agent, name in sorted(picks.items()))
         lines.append(f"  {family}: {families.FAMILIES[family]} -> {chosen}")
-    games = ", ".join(f"{game} {name}" for game, name in presets.ATARI_DIFFICULTY.items())
-    lines.append(f"  and in Atari, for dqn and ppo: {games}")
+    for family, by_name in presets.BY_ENV_NAME.items():
+        for env_name, preset in by_name.items():
+            agents = [
+                a
+                for a in sorted(presets.AUTO_PRESETS[family])
+                if preset in registry.AGENTS[a].preset_names
+            ]
+            lines.append(f"  {env_name} ({family}), for {', '.join(agents)}: {preset}")
     return lines
 
 

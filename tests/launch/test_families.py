@@ -77,10 +77,12 @@ def test_an_env_no_agent_can_take_is_refused_saying_why(env_id, message):
     [
         ("dqn", "Alien-v5", "default"),  # an Atari game without a difficulty
         ("dqn", "Pong-v5", "simple"),
+        ("dqn", "LunarLander-v2", "lunarlander"),
         ("ppo", "Alien-v5", "simple"),  # CleanRL's Atari PPO
         ("ppo", "Breakout-v5", "medium"),
         ("qrdqn", "Breakout-v5", "default"),  # QR-DQN has no difficulty presets
-        ("dqn", "Acrobot-v1", "cartpole"),
+        ("dqn", "Acrobot-v1", "lunarlander"),  # by its name (BY_ENV_NAME)
+        ("dqn", "MountainCar-v0", "cartpole"),
         ("qrdqn", "LunarLander-v2", "cartpole"),
         ("ppo", "MountainCar-v0", "cartpole"),
         ("sac", "InvertedPendulum-v4", "pendulum"),
@@ -151,7 +153,12 @@ def test_every_preset_auto_picks_is_one_the_agent_has():
         assert family in families.FAMILIES
         for agent, preset in picks.items():
             assert preset in registry.AGENTS[agent].preset_names, (family, agent)
-    for preset in presets.ATARI_DIFFICULTY.values():
+    for family, by_name in presets.BY_ENV_NAME.items():
+        for preset in by_name.values():  # some agent of the family has it
+            assert any(
+                preset in registry.AGENTS[a].preset_names for a in presets.AUTO_PRESETS[family]
+            )
+    for preset in presets.BY_ENV_NAME["image"].values():
         assert preset in registry.AGENTS["dqn"].preset_names
         assert preset in registry.AGENTS["ppo"].preset_names
 
@@ -166,6 +173,7 @@ def test_list_presets_says_what_auto_picks_in_each_family():
 
 
 def test_gorila_mode_drops_adams_momentum_in_every_vector_discrete_env():
-    sync, _ = presets.load("auto", "dqn", "Acrobot-v1", EXPERIMENT_FIELDS)
-    gorila, _ = presets.load("auto", "dqn", "Acrobot-v1", EXPERIMENT_FIELDS, "gorila")
-    assert gorila == dataclasses.replace(sync, **dqn_presets.GORILA_CARTPOLE)
+    for env_id in ("MountainCar-v0", "LunarLander-v2"):
+        sync, _ = presets.load("auto", "dqn", env_id, EXPERIMENT_FIELDS)
+        gorila, _ = presets.load("auto", "dqn", env_id, EXPERIMENT_FIELDS, "gorila")
+        assert gorila == dataclasses.replace(sync, **dqn_presets.GORILA_CARTPOLE)
