@@ -1,13 +1,11 @@
 """The checks of a run's settings (`ExperimentConfig.validate`): each refuses what cannot
 work with one line naming the setting, before anything starts."""
 
-import os
 from typing import Any
 
-from gorila_jax import config_checks, envs, multiagent, replay
+from gorila_jax import config_checks, envs, replay
 from gorila_jax.federated import privacy
 from gorila_jax.health import balance
-from gorila_jax.learning import checkpoint
 from gorila_jax.run import combinations, elastic
 from gorila_jax.run import logdir as logdir_lib
 
@@ -109,31 +107,10 @@ def _check_replay(cfg: Any) -> None:
 
 
 def _check_resume(cfg: Any) -> None:
-    """`resume` needs checkpoints in logdir (in each role's directory, for a task of
-    several roles), of as many replay shards as this run has."""
-    if not cfg.resume:
-        return
-    if not cfg.checkpoint_interval_steps:
+    """What `resume` needs of the settings; what it needs of the logdir is checked as the
+    run readies it (run/resume.py)."""
+    if cfg.resume and not cfg.checkpoint_interval_steps:
         raise ValueError("resume needs checkpoints, but checkpoint_interval_steps is 0")
-    roles = multiagent.roles_of(cfg.env_id) or (None,)
-    for logdir in (checkpoint.role_logdir(cfg.logdir, role) for role in roles):
-        if not checkpoint.saved_steps(logdir):
-            raise ValueError(
-                f"resume: no checkpoint in {checkpoint.learner_dir(logdir)} "
-                "(is --logdir the one of the run to continue?)"
-            )
-        replay_dirs = checkpoint.saved_replay_dirs(logdir)
-        for directory in replay_dirs:
-            step = replay.newest_intact_checkpoint(directory)
-            if step is not None:
-                replay.check_backend(os.path.join(directory, str(step)), cfg.replay_backend)
-        saved_shards = len(replay_dirs)
-        if saved_shards != cfg.num_replay_shards:
-            raise ValueError(
-                f"resume: the checkpoints in {logdir} hold a replay of {saved_shards} "
-                f"shard(s), but num_replay_shards={cfg.num_replay_shards}; resume with "
-                f"num_replay_shards={saved_shards}"
-            )
 
 
 def _check_federated(cfg: Any) -> None:

@@ -254,8 +254,11 @@ def test_a_learner_checkpoint_keeps_bfloat16_leaves_and_refuses_another_agents_s
 
 
 def test_resume_without_a_checkpoint_fails_before_anything_starts(tmp_path):
-    with pytest.raises(ValueError, match="resume: no checkpoint in"):
-        _experiment(tmp_path, resume=True).validate()
+    cfg = _experiment(tmp_path, resume=True)
+    cfg.validate()  # the settings are fine; the logdir is checked as the run readies it
+    with pytest.raises(checkpoint.CheckpointError, match="resume: no checkpoint in"):
+        experiment.run_experiment(dqn.DQNBuilder(CONFIG), cfg)
+    assert not os.path.exists(os.path.join(tmp_path, "metrics.csv"))  # nothing started
     _fake_run(tmp_path, [10])
     _truncate(os.path.join(checkpoint.learner_dir(tmp_path), "10/state.npz"))
     with pytest.raises(checkpoint.CheckpointError, match="none of the 1 checkpoints"):

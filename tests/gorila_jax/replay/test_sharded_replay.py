@@ -19,7 +19,7 @@ from gorila_jax import envs, replay
 from gorila_jax.acting import actor
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import checkpoint, learner
-from gorila_jax.run import experiment
+from gorila_jax.run import experiment, resume
 from gorila_jax.learning.settings import LearnerSettings
 from tests import fakes
 from tests.backends import DefaultReplayNode, needs_reverb
@@ -464,8 +464,10 @@ def test_a_run_with_two_replay_shards_fills_both_learns_and_resumes(tmp_path):
         assert use["samples"] > 0 and use["updated_priorities"] > 0, use
 
     # Resuming with another shard count would find no replay to restore: refused by name.
-    with pytest.raises(ValueError, match="hold a replay of 2 shard.*num_replay_shards=1"):
-        _run_config(tmp_path, num_replay_shards=1, num_actors=1, resume=True).validate()
+    with pytest.raises(checkpoint.CheckpointError, match="hold a replay of 2 shard.*shards=1"):
+        resume.check_resumable(
+            _run_config(tmp_path, num_replay_shards=1, num_actors=1, resume=True)
+        )
     # Each shard restores its own checkpoint, and the run goes on from it: 1,000 env
     # steps past where the first ended (past its budget, by more on a faster machine).
     second = experiment.run_experiment(

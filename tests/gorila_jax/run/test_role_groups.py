@@ -16,7 +16,7 @@ from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import shard_node
 from gorila_jax.health import monitor as monitor_lib
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import experiment, role_program
+from gorila_jax.run import experiment, resume, role_program
 from launch import presets, sweep, sweep_runs
 from tests import fakes
 from tests.launch import test_train_cli
@@ -321,8 +321,8 @@ def test_role_runs_refuse_what_they_cannot_do_yet_naming_it(tmp_path):
         with pytest.raises(ValueError, match=f"several roles.*does not support {expected}"):
             experiment.check_run(builders, _experiment(tmp_path, **setting))
     # --resume looks for each role's checkpoints in its own directory.
-    with pytest.raises(ValueError, match="resume: no checkpoint in .*/roles/adversary/"):
-        _experiment(tmp_path, resume=True).validate()
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint in .*/roles/adversary/"):
+        resume.check_resumable(_experiment(tmp_path, resume=True))
     # A role's agent that cannot do what the run asks is named with its role.
     with pytest.raises(ValueError, match="role adversary: learner_mode=gorila needs an agent"):
         role_program.check_run(builders, _experiment(tmp_path, learner_mode="gorila"))
