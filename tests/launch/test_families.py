@@ -7,7 +7,7 @@ import pytest
 from agents import registry
 from gorila_jax import envs
 from agents.dqn import presets as dqn_presets
-from launch import families, presets, train
+from launch import families, listings, presets
 
 EXPERIMENT_FIELDS = {"num_actors", "param_pull_interval", "total_env_steps", "num_envs_per_actor"}
 
@@ -164,7 +164,7 @@ def test_every_preset_auto_picks_is_one_the_agent_has():
 
 
 def test_list_presets_says_what_auto_picks_in_each_family():
-    lines = train.auto_lines()
+    lines = listings.auto_lines()
     for family, picks in presets.AUTO_PRESETS.items():
         (line,) = [line for line in lines if line.startswith(f"  {family}: ")]
         assert families.FAMILIES[family] in line

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from typing import Callable
 
+import envpool
 import psutil
 import pytest
 
@@ -17,7 +18,7 @@ from agents import registry
 from gorila_jax import envs, multiagent, replay
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
-from launch import presets, train
+from launch import listings, presets, train
 
 from tests import REPO
 
@@ -101,7 +102,7 @@ def bad_input_results(tmp_path_factory):
 
 @pytest.mark.parametrize("flags, message", BAD_INPUTS)
 def test_bad_input_fails_with_one_line_and_nonzero_exit(flags, message, bad_input_results):
-    if "MiniGrid" in flags[0] and "MiniGrid-Empty-5x5-v0" not in train.envpool.list_all_envs():
+    if "MiniGrid" in flags[0] and "MiniGrid-Empty-5x5-v0" not in envpool.list_all_envs():
         pytest.skip("envpool 0.8.4 (the DeepMind set) has no MiniGrid")
     results, left_running = bad_input_results
     result = results[tuple(flags)]
@@ -307,7 +308,7 @@ def test_list_presets_prints_every_preset_of_every_agent_and_exits_0(tmp_path):
 def env_groups():
     """`--list_envs`'s output as {header line: env ids listed under it}."""
     groups, header = {}, None
-    for line in train.env_lines():
+    for line in listings.env_lines():
         if line.startswith("    "):
             groups[header] += line.split()
         else:
@@ -339,7 +340,7 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
         "agent (1): dqn, ppo, qrdqn"
     )
     listed = [env_id for ids in env_groups.values() for env_id in ids]
-    assert sorted(listed) == sorted([*train.envpool.list_all_envs(), *multiagent.known_env_ids()])
+    assert sorted(listed) == sorted([*envpool.list_all_envs(), *multiagent.known_env_ids()])
     gymnasium_line = "gymnasium | any registered Gymnasium env"
     assert any(header.startswith(gymnasium_line) for header in env_groups)
 
