@@ -115,7 +115,7 @@ class LimitedActing(program.Worker):
 
     def env_steps_now(self) -> int:
         """This node's env steps this moment (its reports to the monitor lag by up to one
-        report interval)."""
+        heartbeat interval)."""
         raise NotImplementedError
 
     def limit_env_steps(self, limit: int | None, issued: int = 0) -> None:
@@ -158,7 +158,7 @@ class ActorNode(LimitedActing):
       num_envs: envs in this actor's envpool. A multi-agent task's copy gives
         `spec.agents_per_env` rows (one per agent); env steps count rows.
       param_pull_interval: actor steps between parameter requests.
-      report_interval_s: how often counters and episode returns go to the monitor.
+      heartbeat_interval_s: how often counters and episode returns go to the monitor.
       max_env_steps: stop after this many env steps (0: run until stopped).
       env_threads: envpool worker threads; 1 suits cheap envs on few cores,
         more pay off for expensive ones (Atari, MuJoCo) when cores are free.
@@ -179,7 +179,7 @@ class ActorNode(LimitedActing):
         seed: int,
         num_envs: int,
         param_pull_interval: int,
-        report_interval_s: float = 1.0,
+        heartbeat_interval_s: float = 1.0,
         max_env_steps: int = 0,
         env_threads: int = 1,
         restored_counters: dict[str, int] | None = None,
@@ -192,7 +192,7 @@ class ActorNode(LimitedActing):
         self._monitor = monitor
         self._num_envs, self._pull_interval = num_envs, param_pull_interval
         self._rows = num_envs * spec.agents_per_env  # the batch the policy and adder see
-        self._report_interval_s, self._max_env_steps = report_interval_s, max_env_steps
+        self._heartbeat_interval_s, self._max_env_steps = heartbeat_interval_s, max_env_steps
         self._env_threads = env_threads
         restored_counters = restored_counters or {}
         self.env_steps = int(restored_counters.get("env_steps", 0))
@@ -207,7 +207,7 @@ class ActorNode(LimitedActing):
     def run(self) -> None:
         # Beats from its own thread: a hung env shows as a stall, not a death.
         heartbeat = monitor_lib.Heartbeat(
-            self._monitor, self.name, self.counters, self._report_interval_s
+            self._monitor, self.name, self.counters, self._heartbeat_interval_s
         ).start()
         env = adder = puller = None
         try:
@@ -280,7 +280,7 @@ class ActorNode(LimitedActing):
             self.env_steps += int(valid.sum())
             self.param_version = puller.version
             valid, obs = ~ended, next_obs
-            if time.monotonic() - last_report >= self._report_interval_s:
+            if time.monotonic() - last_report >= self._heartbeat_interval_s:
                 self._report()
                 last_report = time.monotonic()
         if unwritten is not None and not self.stopping:

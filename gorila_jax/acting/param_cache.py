@@ -55,7 +55,7 @@ class ParameterCache(program.Worker):
         them for the shards' layout).
       host_index: which actor host this cache serves; its node name is
         `param_cache/<host_index>`.
-      monitor: gets the cache's counters every `report_interval_s` (may be None).
+      monitor: gets the cache's counters every `heartbeat_interval_s` (may be None).
       min_fetch_interval_s: the least time between two upstream fetches started
         on an up-to-date actor's request (see the module docstring); 0: none.
       restored_counters: the counters a restarted cache's predecessor reported
@@ -71,7 +71,7 @@ class ParameterCache(program.Worker):
         seed: int,
         host_index: int,
         monitor: program.Client | None = None,
-        report_interval_s: float = 1.0,
+        heartbeat_interval_s: float = 1.0,
         min_fetch_interval_s: float = 0.0,
         restored_counters: dict[str, int] | None = None,
     ):
@@ -83,7 +83,7 @@ class ParameterCache(program.Worker):
         self.name = f"{GROUP}/{host_index}"
         # In Gorila mode the cache is one delta receiver of the shards, under its node name.
         self._upstream = parameter_server.parameter_source(upstream, builder, spec, seed, self.name)
-        self._monitor, self._report_interval_s = monitor, report_interval_s
+        self._monitor, self._heartbeat_interval_s = monitor, heartbeat_interval_s
         self._min_fetch_interval_s = min_fetch_interval_s
         self._lock = threading.Lock()
         self._copy: tuple[int, Any] | None = None
@@ -170,7 +170,7 @@ class ParameterCache(program.Worker):
         # The cache has no work loop; its heartbeat says the process answers,
         # and "requests" moves as long as its actors act.
         heartbeat = monitor_lib.Heartbeat(
-            self._monitor, self.name, self.counters, self._report_interval_s
+            self._monitor, self.name, self.counters, self._heartbeat_interval_s
         ).start()
         try:
             self._stop_event.wait()

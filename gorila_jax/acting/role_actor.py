@@ -63,7 +63,7 @@ class RoleActorNode(actor.LimitedActing):
       env_id: the task (`mpe/<name>`).
       roles: role -> `RoleWiring`, one per role of the task.
       actor_index, num_actors, monitor, seed, num_envs, param_pull_interval,
-        report_interval_s, restored_counters: as `actor.ActorNode`'s. Env steps
+        heartbeat_interval_s, restored_counters: as `actor.ActorNode`'s. Env steps
         count agent rows; the counters have each role's part (`role_counter`).
     """
 
@@ -77,7 +77,7 @@ class RoleActorNode(actor.LimitedActing):
         seed: int,
         num_envs: int,
         param_pull_interval: int,
-        report_interval_s: float = 1.0,
+        heartbeat_interval_s: float = 1.0,
         restored_counters: dict[str, int] | None = None,
     ):
         super().__init__()
@@ -90,7 +90,7 @@ class RoleActorNode(actor.LimitedActing):
         self.name = f"actor/{actor_index}"
         self.env_id, self.actor_index, self.num_actors = env_id, actor_index, num_actors
         self.num_envs, self._pull_interval = num_envs, param_pull_interval
-        self._monitor, self._report_interval_s = monitor, report_interval_s
+        self._monitor, self._heartbeat_interval_s = monitor, heartbeat_interval_s
         self.restored = dict(restored_counters or {})
         env_steps = int(self.restored.get("env_steps", 0))
         self._env_seed, policy_key = actor.actor_seeds(seed, actor_index, env_steps)
@@ -108,7 +108,7 @@ class RoleActorNode(actor.LimitedActing):
 
     def run(self) -> None:
         heartbeat = monitor_lib.Heartbeat(
-            self._monitor, self.name, self.counters, self._report_interval_s
+            self._monitor, self.name, self.counters, self._heartbeat_interval_s
         ).start()
         env = None
         try:
@@ -173,7 +173,7 @@ class RoleActorNode(actor.LimitedActing):
                 acting.env_steps += int(valid.sum())
                 acting.valid = ~ended
                 obs[role] = next_obs
-            if time.monotonic() - last_report >= self._report_interval_s:
+            if time.monotonic() - last_report >= self._heartbeat_interval_s:
                 self._report(blocking=False)
                 last_report = time.monotonic()
 

@@ -134,7 +134,7 @@ class CoordinatorNode(program.Worker):
       rounds: rounds to run; 0 runs until stopped.
       privacy: the clients' privacy settings, for the epsilon reported each round.
       secure: the clients mask their updates.
-      report_interval_s: heartbeat period.
+      heartbeat_interval_s: heartbeat period.
     """
 
     def __init__(
@@ -148,13 +148,13 @@ class CoordinatorNode(program.Worker):
         rounds: int = 0,
         privacy: privacy_lib.PrivacySettings | None = None,
         secure: bool = True,
-        report_interval_s: float = 1.0,
+        heartbeat_interval_s: float = 1.0,
     ):
         super().__init__()
         self._builder, self._clients, self._monitor = builder, clients, monitor
         self._rounds, self._privacy, self._secure = rounds, privacy, secure
         self._local_updates = local_updates
-        self._report_interval_s = report_interval_s
+        self._heartbeat_interval_s = heartbeat_interval_s
         self._template = jax.device_get(builder_lib.initial_train_state(builder, spec, seed))
         flat, self._unravel = flatten_util.ravel_pytree(
             builder.state_access.trainable_params(self._template)
@@ -226,7 +226,7 @@ class CoordinatorNode(program.Worker):
                     waiting += 1
             if len(done) >= 2 and not waiting:
                 return done
-            if time.monotonic() - last_report >= self._report_interval_s:
+            if time.monotonic() - last_report >= self._heartbeat_interval_s:
                 self._report()
                 last_report = time.monotonic()
             self.sleep(0.05)

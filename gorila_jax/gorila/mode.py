@@ -152,7 +152,7 @@ def _add_shards(
                 cfg.max_staleness,
                 cfg.staleness_lr_scaling,
                 monitor_node,
-                report_interval_s=cfg.heartbeat_interval_s,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
                 checkpoint_dir=checkpoint_dir,
                 restore_step=restore_step,
                 group=group,

@@ -20,7 +20,7 @@ class ParameterShardNode(program.Worker):
     """A program node holding shard `index` of `num_shards` (see `ParameterShard`).
 
     Its `run` loop only reports: applied and dropped counts and its update
-    rate go to the monitor every `report_interval_s`.
+    rate go to the monitor every `heartbeat_interval_s`.
 
     With `checkpoint_dir` and `restore_step` (a step, or `NEWEST` for a
     restarted shard) it starts from its part of that Gorila checkpoint
@@ -37,7 +37,7 @@ class ParameterShardNode(program.Worker):
         max_staleness: int,
         staleness_scaling: bool = False,
         monitor: program.Client | None = None,
-        report_interval_s: float = 1.0,
+        heartbeat_interval_s: float = 1.0,
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
         group: str = "parameter_server",
@@ -56,7 +56,7 @@ class ParameterShardNode(program.Worker):
             self._shard.restore(state["shards"][index])
             logging.warning("%s: restored from checkpoint %d", self.name, step)
         self._index, self._monitor = index, monitor
-        self._report_interval_s = report_interval_s
+        self._heartbeat_interval_s = heartbeat_interval_s
         self._encoders: dict[str, compression.DeltaEncoder] = {}
         self._encoders_lock = threading.Lock()
         # Parameter bytes this shard sent to readers (workers, actors, caches,
@@ -114,7 +114,7 @@ class ParameterShardNode(program.Worker):
 
     def run(self) -> None:
         last_applied, last_time = 0, time.monotonic()
-        while not self.sleep(self._report_interval_s):
+        while not self.sleep(self._heartbeat_interval_s):
             if self._monitor is None:
                 continue
             counters, now = self.counters(), time.monotonic()

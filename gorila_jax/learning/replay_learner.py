@@ -186,7 +186,7 @@ class ReplayLearnerNode(program.Worker):
             self._monitor,
             self._name,
             self._heartbeat_counters,
-            self._settings.report_interval_s,
+            self._settings.heartbeat_interval_s,
             metrics=self._heartbeat_metrics(),
         ).start()
         try:

@@ -15,8 +15,8 @@ class LearnerSettings:
 
     Attributes:
       num_devices: local devices the learner pmaps over; 0 takes all.
-      report_interval_s: how often the node reports its counters to the monitor (the
-        run's heartbeat interval).
+      heartbeat_interval_s: seconds between the node's heartbeats (its counters) to the
+        monitor.
       checkpoint_interval_steps: a checkpoint every this many learner steps; the last
         one is taken when `run` ends. 0: only that last one.
       max_checkpoints_to_keep: older checkpoints (and their replay) are deleted.
@@ -33,7 +33,7 @@ class LearnerSettings:
     """
 
     num_devices: int = 0
-    report_interval_s: float = 1.0
+    heartbeat_interval_s: float = 1.0
     checkpoint_interval_steps: int = 5000
     max_checkpoints_to_keep: int = 2
     tf32: bool = False

@@ -250,7 +250,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         }
 
     def _between_steps(self) -> None:
-        if time.monotonic() - self._last_report >= self._settings.report_interval_s:
+        if time.monotonic() - self._last_report >= self._settings.heartbeat_interval_s:
             self._report()
             self._last_report = time.monotonic()
         interval = self._settings.checkpoint_interval_steps

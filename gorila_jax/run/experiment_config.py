@@ -448,7 +448,7 @@ class ExperimentConfig:
         """
         return LearnerSettings(
             num_devices=self.num_learner_devices,
-            report_interval_s=self.heartbeat_interval_s,
+            heartbeat_interval_s=self.heartbeat_interval_s,
             checkpoint_interval_steps=self.checkpoint_interval_steps,
             max_checkpoints_to_keep=self.max_checkpoints_to_keep,
             tf32=self.tf32,

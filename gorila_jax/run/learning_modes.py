@@ -240,7 +240,7 @@ class FederatedMode(SyncMode):
                 rounds=cfg.federated_rounds,
                 privacy=privacy,
                 secure=cfg.secure_aggregation,
-                report_interval_s=cfg.heartbeat_interval_s,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
             )
         return ParamSources(coordinator, lambda index: clients[index % cfg.num_clients])
 

@@ -142,7 +142,7 @@ def make_program(
                 cfg.seed,
                 cfg.num_envs_per_actor,
                 cfg.param_pull_interval,
-                report_interval_s=cfg.heartbeat_interval_s,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
                 restored_counters=wiring.int_counters(restored_counters.get(f"actor/{index}")),
             )
             program.node(handle.name).restartable(monitor.continue_counters)

@@ -183,7 +183,7 @@ def actor_arguments(
     kwargs = dict(
         env_threads=cfg.env_threads_per_actor,
         restored_counters=restored_counters,
-        report_interval_s=cfg.heartbeat_interval_s,
+        heartbeat_interval_s=cfg.heartbeat_interval_s,
     )
     return args, kwargs
 
@@ -218,7 +218,7 @@ def _add_param_caches(
                 cfg.seed,
                 host,
                 monitor_node,
-                report_interval_s=cfg.heartbeat_interval_s,
+                heartbeat_interval_s=cfg.heartbeat_interval_s,
                 min_fetch_interval_s=cfg.param_cache_min_fetch_interval_s,
                 restored_counters=counters,
             )

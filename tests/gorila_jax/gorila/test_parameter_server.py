@@ -138,7 +138,7 @@ def test_a_shard_node_counts_the_parameter_bytes_it_serves_and_reports_them_per_
         2,
         -1,
         monitor=reports,
-        report_interval_s=0.01,
+        heartbeat_interval_s=0.01,
     )
     version, full = node.get()  # a worker's (or the evaluator's) full slice
     assert node.get(version) is None  # nothing newer: costs nothing
