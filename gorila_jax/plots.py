@@ -40,6 +40,19 @@ PANELS = {
 LINE_STYLES = ("-", "--", ":", "-.")
 
 
+def _logged(groups: dict[str, list[curves.Run]], panel: str, x_axis: str) -> bool:
+    """Whether some run logged a series of `panel`; says so where none did."""
+    present = any(
+        curves.series(run, series, x_axis) is not None
+        for runs in groups.values()
+        for run in runs
+        for _, series in PANELS[panel].series
+    )
+    if not present:
+        print(f"plot: no run logged what panel {panel!r} shows; left out")
+    return present
+
+
 def draw_curves(
     groups: dict[str, list[curves.Run]],
     panels: Sequence[str] = ("return",),
@@ -67,18 +80,7 @@ def draw_curves(
         raise ValueError(f"unknown statistic {stat!r}; valid: {', '.join(curves.STATS)}")
     if not groups or not all(groups.values()):
         raise ValueError("nothing to draw: no runs")
-    drawn = []
-    for name in panels:
-        present = any(
-            curves.series(run, s, x_axes[0]) is not None
-            for runs in groups.values()
-            for run in runs
-            for _, s in PANELS[name].series
-        )
-        if present:
-            drawn.append(name)
-        else:
-            print(f"plot: no run logged what panel {name!r} shows; left out")
+    drawn = [name for name in panels if _logged(groups, name, x_axes[0])]
     if not drawn:
         raise ValueError(f"nothing to draw: no run logged what panels {list(panels)} show")
 

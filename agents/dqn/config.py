@@ -13,6 +13,37 @@ CHOICES = {
 }
 
 
+# The fields `validate` checks by range alone.
+_POSITIVE = (
+    "n_step",
+    "learning_rate",
+    "learning_rate_decay_steps",
+    "batch_size",
+    "target_update_period",
+    "samples_per_insert",
+    "updates_per_dispatch",
+    "min_replay_size",
+    "max_replay_size",
+    "importance_exponent_anneal_steps",
+    "epsilon_decay_steps",
+    "initial_priority",
+    "max_grad_norm",
+    "layer_grad_norm",
+    "loss_scale_init",
+    "loss_scale_period",
+    "batch_growth_steps",
+)
+_UNIT_INTERVAL = (
+    "discount",
+    "epsilon_start",
+    "epsilon_end",
+    "eval_epsilon",
+    "importance_exponent_start",
+    "epsilon_end_spread",
+    "learning_rate_final_fraction",
+)
+
+
 @dataclasses.dataclass
 class DQNConfig:
     """Double DQN with n-step returns and prioritized replay.
@@ -168,35 +199,9 @@ class DQNConfig:
             self,
             prefix="config.",
             choices=CHOICES,
-            positive=(
-                "n_step",
-                "learning_rate",
-                "learning_rate_decay_steps",
-                "batch_size",
-                "target_update_period",
-                "samples_per_insert",
-                "updates_per_dispatch",
-                "min_replay_size",
-                "max_replay_size",
-                "importance_exponent_anneal_steps",
-                "epsilon_decay_steps",
-                "initial_priority",
-                "max_grad_norm",
-                "layer_grad_norm",
-                "loss_scale_init",
-                "loss_scale_period",
-                "batch_growth_steps",
-            ),
+            positive=_POSITIVE,
             non_negative=("priority_duplicate_bonus", "demo_margin_weight", "demo_margin"),
-            unit_interval=(
-                "discount",
-                "epsilon_start",
-                "epsilon_end",
-                "eval_epsilon",
-                "importance_exponent_start",
-                "epsilon_end_spread",
-                "learning_rate_final_fraction",
-            ),
+            unit_interval=_UNIT_INTERVAL,
         )
         config_checks.check_demo_fraction(self.demo_fraction, self.batch_size)
         self.replay_tiers  # noqa: B018  raises ValueError for bad tier sizes

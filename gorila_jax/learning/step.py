@@ -143,6 +143,7 @@ def make_step(
         (`lax.scan`), priorities come back for every row in batch order, the metrics
         and parameters are the last update's.
     """
+    # Over 60 lines by its docstring, the step's contract, stated once here.
     if updates > 1 and gradient_worker:
         raise ValueError("a Gorila gradient worker pushes one gradient per call (updates=1)")
     update_fns = builder.update_fns(spec)

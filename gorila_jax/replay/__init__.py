@@ -162,7 +162,7 @@ __all__ = [
 # The Reverb backend's names: {name: (its module, the name there)}.
 _REVERB_NAMES = {
     "CONNECTION_ERRORS": ("sampling", "CONNECTION_ERRORS"),
-    "PortInUse": ("server", "PortInUse"),
+    "PortInUse": ("serving", "PortInUse"),
     "ReplayClient": ("server", "ReplayClient"),
     "ReplayNode": ("server", "ReplayNode"),
     "ReverbConnection": ("reverb_writer", "ReverbConnection"),

@@ -16,6 +16,7 @@ REVERB_MODULES = (
     "reverb_writer",
     "sampling",
     "server",
+    "serving",
     "shard_streams",
     "tiers",
 )

@@ -1,50 +1,18 @@
 """The Reverb backend's replay node: a Reverb server with checkpoints, and the client that
 follows it."""
 
-import errno
 import logging
 import os
 import shutil
-import socket
 from typing import Any, Callable, Sequence
 
 import reverb
 import tensorflow as tf
 from reverb.cc.checkpointing import checkpoint_pb2
 
-from gorila_jax.replay import api, codec, manifest, reverb_tables, reverb_writer, tiers
+from gorila_jax.replay import api, codec, manifest, reverb_tables, reverb_writer, serving, tiers
 from gorila_jax.replay import tiering as tiering_lib
 from gorila_jax.replay.manifest import IncompatibleCheckpoint
-
-
-# Any routable address: a UDP connect only picks the route toward it, nothing is sent.
-_ROUTE_PROBE = ("8.8.8.8", 53)
-
-
-def _reachable_host() -> str:
-    """The IPv4 address other hosts reach this one at, found as Ray finds a node's IP.
-
-    That of the interface the host's default route leaves by; on a host
-    without one, the address its name resolves to (loopback in a sandbox).
-    Ray gives a node the same address unless `ray start --node-ip-address`
-    names another, so a replay node on any host of a Ray cluster advertises
-    one the cluster's other nodes reach.
-    """
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect(_ROUTE_PROBE)
-        return probe.getsockname()[0]
-    except OSError:
-        return _name_address()
-    finally:
-        probe.close()
-
-
-def _name_address() -> str:
-    try:
-        return socket.gethostbyname(socket.getfqdn())
-    except OSError:  # a host name that does not resolve
-        return socket.gethostbyname("localhost")
 
 
 def _lacks_source_trailer(held: Any, configured: Any) -> bool:
@@ -54,39 +22,6 @@ def _lacks_source_trailer(held: Any, configured: Any) -> bool:
         for spec in (held, configured)
     ]
     return all(packed) and held.shape[0] + codec.SOURCE_BYTES == configured.shape[0]
-
-
-class PortInUse(OSError):
-    """The replay server's port is taken by another process."""
-
-
-def _check_port_free(port: int) -> None:
-    """Raises PortInUse, naming the port, if a listener holds it on any interface.
-
-    Reverb binds `[::]:port` (every interface) and, when that fails, says only
-    "Failed to BuildAndStart gRPC server". SO_REUSEADDR as gRPC sets it: the
-    connections of a killed predecessor (TIME_WAIT) do not count as a user.
-    """
-    if not 0 < port < 65536:
-        raise ValueError(f"replay port must be in 1..65535, got {port}")
-    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        try:
-            probe = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:  # no IPv6 on this host
-            continue
-        with probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind((address, port))
-            except OSError as error:
-                if error.errno == errno.EADDRINUSE:
-                    raise PortInUse(
-                        f"replay port {port} is already in use by another process "
-                        "(choose another --replay_port, or 0 for a free one)"
-                    ) from None
-                if family == socket.AF_INET6:
-                    continue  # IPv6 present but not bindable here; IPv4 decides
-                raise
 
 
 class ReplayNode:
@@ -135,46 +70,20 @@ class ReplayNode:
     ):
         self._checkpoint_dir = checkpoint_dir
         self._tiers: tiers.TierMover | None = None
+        restore_step, restore_path, expected_sizes = _restore_point(
+            checkpoint_dir, restore_step, tiering
+        )
         checkpointer = None
-        expected_sizes = None
-        restore_path = None
         if checkpoint_dir is not None:
-            if restore_step == manifest.NEWEST:
-                restore_step = manifest.newest_intact_checkpoint(checkpoint_dir)
-            if restore_step is not None:
-                restore_path = os.path.join(checkpoint_dir, str(restore_step))
-                expected_sizes = manifest.check_checkpoint(restore_path)
-                manifest.check_backend(restore_path, api.REVERB)
-                tiering_lib.check_tiers_match(restore_path, tiering)
             checkpointer = _checkpointer(checkpoint_dir, restore_path)
-        elif restore_step is not None and restore_step != manifest.NEWEST:
-            raise ValueError("restore_step needs a checkpoint_dir")
-        else:
-            restore_step = None  # NEWEST without checkpoints: an empty replay
         specs = list(make_tables())
         if tiering is not None:
             tiering.sampled_spec(specs)  # raises for a table that cannot be tiered
         agent_tables = [reverb_tables.make_table(spec) for spec in specs]
         tables = agent_tables if tiering is None else tiers.reverb_tables(tiering, agent_tables)
         signatures = {table.info.name: table.info.signature for table in tables}
-        if port is not None:
-            try:
-                _check_port_free(port)
-            except PortInUse:
-                if not any_port_if_taken:
-                    raise
-                logging.warning(
-                    "replay: port %d was taken since it was picked; serving on another", port
-                )
-                port = None
-        try:
-            self._server = reverb.Server(tables, port=port, checkpointer=checkpointer)
-        except ValueError as error:
-            if port is not None and "BuildAndStart" in str(error):
-                # Taken between the check and the bind; Reverb's message names no port.
-                raise PortInUse(f"replay port {port} is already in use ({error})") from None
-            raise
-        self._host = _reachable_host()
+        self._server = serving.start_server(tables, port, any_port_if_taken, checkpointer)
+        self._host = serving.reachable_host()
         self._restored = {"step": restore_step, "table_sizes": expected_sizes or {}}
         if expected_sizes is not None:
             self._check_restored(expected_sizes, restore_step)
@@ -330,6 +239,31 @@ class ReplayNode:
         if self._tiers is not None:
             self._tiers.close()  # its mover samples the server: it ends first
         self._server.stop()
+
+
+def _restore_point(
+    checkpoint_dir: str | None, restore_step: int | None, tiering: tiering_lib.Tiering | None
+) -> tuple[int | None, str | None, dict[str, int] | None]:
+    """The checkpoint a replay starts from: (its step, its path, the table sizes it
+    holds), or Nones for an empty replay (NEWEST without a checkpoint among them).
+
+    Raises:
+      ValueError: a step without a checkpoint_dir; a damaged checkpoint, or one of
+        another backend or tiering (naming it).
+    """
+    if checkpoint_dir is None:
+        if restore_step is not None and restore_step != manifest.NEWEST:
+            raise ValueError("restore_step needs a checkpoint_dir")
+        return None, None, None
+    if restore_step == manifest.NEWEST:
+        restore_step = manifest.newest_intact_checkpoint(checkpoint_dir)
+    if restore_step is None:
+        return None, None, None
+    restore_path = os.path.join(checkpoint_dir, str(restore_step))
+    expected_sizes = manifest.check_checkpoint(restore_path)
+    manifest.check_backend(restore_path, api.REVERB)
+    tiering_lib.check_tiers_match(restore_path, tiering)
+    return restore_step, restore_path, expected_sizes
 
 
 def _checkpointer(

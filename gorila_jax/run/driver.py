@@ -84,20 +84,8 @@ def drive(
       supervisor_lib.RunFailed: a node failed and may not be restarted (again).
     """
     monitor_client = running.client("monitor")
-    supervisor = supervisor_lib.Supervisor(
-        running,
-        monitor_client,
-        cfg.heartbeat_timeout_s,
-        cfg.stall_timeout_s,
-        cfg.max_restarts,
-        cfg.startup_timeout_s,
-    )
+    supervisor, env_step_budget = _supervisor_and_budget(running, monitor_client, cfg)
     previous_row = logger.last_row or {"wall_time_s": 0.0, "env_steps": 0, "learner_steps": 0}
-    env_step_budget = budget.EnvStepBudget(
-        cfg.total_env_steps,
-        lambda: [(node.name, running.client(node.name)) for node in running.active_nodes("actor")],
-        monitor_client.node_counters,
-    )
     reason = None
     try:
         with console.progress_reporter(cfg.total_env_steps) as progress:
@@ -131,6 +119,26 @@ def drive(
     except KeyboardInterrupt:
         return "interrupted"
     return reason
+
+
+def _supervisor_and_budget(
+    running: Any, monitor_client: Any, cfg: ExperimentConfig
+) -> tuple[supervisor_lib.Supervisor, budget.EnvStepBudget]:
+    """What keeps the nodes alive, and what holds the actors to the env-step budget."""
+    supervisor = supervisor_lib.Supervisor(
+        running,
+        monitor_client,
+        cfg.heartbeat_timeout_s,
+        cfg.stall_timeout_s,
+        cfg.max_restarts,
+        cfg.startup_timeout_s,
+    )
+    env_step_budget = budget.EnvStepBudget(
+        cfg.total_env_steps,
+        lambda: [(node.name, running.client(node.name)) for node in running.active_nodes("actor")],
+        monitor_client.node_counters,
+    )
+    return supervisor, env_step_budget
 
 
 def _log_row(
