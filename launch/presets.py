@@ -18,7 +18,7 @@ import yaml
 
 from agents.registry import AGENTS
 from gorila_jax import envs, types
-from gorila_jax.learning import checkpoint
+from gorila_jax.learning import config_record
 from launch import families
 
 # The preset `--preset=auto` gives each agent in each env family (what the env
@@ -195,7 +195,7 @@ def _registered(path: str, role: str) -> type:
 def builder_from_record(record: dict, epsilon: float | None = None):
     """The agent's builder from a config.json record, with the evaluation epsilon set."""
     config_cls = _registered(record["agent_config_class"], "config")
-    config = checkpoint.config_from_dict(config_cls, record["agent_config"])
+    config = config_record.config_from_dict(config_cls, record["agent_config"])
     if epsilon is not None:
         if not hasattr(config, "eval_epsilon"):
             raise ValueError(f"{config_cls.__name__} has no eval_epsilon for --epsilon to set")

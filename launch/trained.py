@@ -10,6 +10,7 @@ from absl import flags
 
 from gorila_jax import console, envs
 from gorila_jax.learning import checkpoint
+from gorila_jax.learning import config_record
 from launch import presets
 
 
@@ -44,7 +45,7 @@ class TrainedPolicy(NamedTuple):
 def restore_policy(logdir: str, epsilon: float | None, step: int | None) -> TrainedPolicy:
     """The agent of the run in `logdir` at checkpoint `step` (None: the newest), rebuilt from
     its config.json; `epsilon` replaces its evaluation epsilon (None: keep it)."""
-    record = checkpoint.read_config(logdir)
+    record = config_record.read_config(logdir)
     builder = presets.builder_from_record(record, epsilon)
     spec = envs.env_spec(record["experiment"]["env_id"])
     target = jax.device_get(builder.init_train_state(jax.random.PRNGKey(0), spec))

@@ -19,6 +19,10 @@ import numpy as np
 _MANIFEST = "manifest"
 
 
+class CheckpointError(Exception):
+    """No usable checkpoint where one is needed."""
+
+
 def _leaf_paths(tree: Any) -> tuple[list[str], list[Any]]:
     with_paths, _ = jax.tree_util.tree_flatten_with_path(tree)
     return [jax.tree_util.keystr(path) for path, _ in with_paths], [x for _, x in with_paths]

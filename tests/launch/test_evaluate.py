@@ -14,6 +14,7 @@ from agents import dqn
 from gorila_jax import envs
 from gorila_jax.acting import evaluation
 from gorila_jax.learning import checkpoint
+from gorila_jax.learning import config_record
 from gorila_jax.run import experiment
 
 from tests import REPO
@@ -43,7 +44,7 @@ def run_dir(tmp_path_factory):
     """A logdir as training leaves it: config.json and a checkpoint of the learner."""
     logdir = str(tmp_path_factory.mktemp("run"))
     builder = dqn.DQNBuilder(CONFIG)
-    checkpoint.write_config(logdir, builder, experiment.ExperimentConfig(logdir=logdir))
+    config_record.write_config(logdir, builder, experiment.ExperimentConfig(logdir=logdir))
     saver = checkpoint.LearnerCheckpoints(checkpoint.learner_dir(logdir))
     counters = {"actor/0": {"env_steps": 4_000}, "actor/1": {"env_steps": 2_500}}
     # Parameters from a key other than any the evaluator would draw itself.
@@ -97,7 +98,7 @@ def _error_lines(result: subprocess.CompletedProcess) -> list[str]:
 )
 def test_bad_input_fails_with_one_error_line(run_dir, tmp_path, flags, message):
     empty = tmp_path / "empty"
-    checkpoint.write_config(str(empty), dqn.DQNBuilder(CONFIG), experiment.ExperimentConfig())
+    config_record.write_config(str(empty), dqn.DQNBuilder(CONFIG), experiment.ExperimentConfig())
     result = _evaluate(*(f.format(run=run_dir, empty=empty) for f in flags))
     assert result.returncode != 0
     errors = _error_lines(result)

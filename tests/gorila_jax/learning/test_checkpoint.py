@@ -22,6 +22,7 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
 from gorila_jax.distributed import launchers
 from gorila_jax.learning import checkpoint
+from gorila_jax.learning import config_record
 from gorila_jax.run import experiment
 from tests import REPO
 from tests import fakes
@@ -272,8 +273,8 @@ def test_a_new_run_records_its_configs_and_refuses_to_mix_with_an_earlier_runs_c
     resume = checkpoint.prepare_logdir(str(tmp_path), False, builder, cfg, lambda: None)
     assert resume is None
     # config.json rebuilds the same agent config (JSON turned its tuples into lists).
-    record = checkpoint.read_config(str(tmp_path))
-    assert checkpoint.config_from_dict(dqn.DQNConfig, record["agent_config"]) == CONFIG
+    record = config_record.read_config(str(tmp_path))
+    assert config_record.config_from_dict(dqn.DQNConfig, record["agent_config"]) == CONFIG
     assert record["builder"] == "agents.dqn.builder.DQNBuilder"
     # An earlier run's checkpoints are the run layer's to set aside (test_logdir.py),
     # never deleted or mixed in here.

@@ -18,7 +18,8 @@ import pytest
 
 from agents import dqn
 from gorila_jax import envs, replay
-from gorila_jax.learning import checkpoint, prefetch
+from gorila_jax.learning import prefetch
+from gorila_jax.learning import config_record
 from gorila_jax.run import experiment
 from tests.backends import needs_reverb, optional_module
 
@@ -217,12 +218,12 @@ def test_a_config_file_with_unknown_fields_fails_naming_them(tmp_path):
         match="config.json has fields that DQNConfig does not know: "
         "hiden_sizes, learning_rat \\(known: ",
     ):
-        checkpoint.config_from_dict(dqn.DQNConfig, values, source="config.json")
+        config_record.config_from_dict(dqn.DQNConfig, values, source="config.json")
     with pytest.raises(ValueError, match="expected a mapping of DQNConfig fields, got list"):
-        checkpoint.config_from_dict(dqn.DQNConfig, [1, 2])
+        config_record.config_from_dict(dqn.DQNConfig, [1, 2])
     # Missing fields take their defaults: a file written before a field was added.
     del values["learning_rat"], values["hiden_sizes"], values["batch_size"]
-    assert checkpoint.config_from_dict(dqn.DQNConfig, values) == dqn.DQNConfig()
+    assert config_record.config_from_dict(dqn.DQNConfig, values) == dqn.DQNConfig()
 
 
 # ---------------------------------------------------------------- ports

@@ -16,6 +16,7 @@ from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import shard_node
 from gorila_jax.health import monitor as monitor_lib
 from gorila_jax.learning import checkpoint
+from gorila_jax.learning import config_record
 from gorila_jax.run import experiment, resume, role_program
 from launch import presets, sweep, sweep_runs
 from tests import fakes
@@ -212,7 +213,7 @@ def test_a_run_of_two_roles_trains_each_on_its_own_data_and_reports_each(tmp_pat
         # Each role's own config and final checkpoint.
         role_dir = checkpoint.role_logdir(str(tmp_path), role)
         assert checkpoint.saved_steps(role_dir) == [summary["params_version"][role]]
-        assert os.path.exists(os.path.join(role_dir, checkpoint.CONFIG_FILE))
+        assert os.path.exists(os.path.join(role_dir, config_record.CONFIG_FILE))
         # Sweeps and plots read the run as one role's.
         run = sweep_runs.Run("base", 0, str(tmp_path), [])
         sweep_runs.read_result(run, summary, threshold=-1e9, role=role)
