@@ -29,10 +29,11 @@ from gorila_jax import text as text_lib
 
 THIRD_PARTY_LOG = "third_party.log"
 
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The checkout: workers of every launcher import gorila_jax and agents from it.
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The code whose warnings reach the console; everything else's only at ERROR and above.
 _OUR_DIRS = tuple(
-    os.path.join(_REPO_ROOT, name) + os.sep for name in ("gorila_jax", "agents", "launch", "bench")
+    os.path.join(REPO_ROOT, name) + os.sep for name in ("gorila_jax", "agents", "launch", "bench")
 )
 
 

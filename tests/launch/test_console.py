@@ -267,11 +267,11 @@ _RAY_WORKER = textwrap.dedent(
     import sys, time
     import ray
     from gorila_jax import console
-    from gorila_jax.distributed.launchers import ray as ray_launcher
+    from gorila_jax.distributed.launchers import ray_cluster
 
     console.route_third_party_logs(sys.argv[1])
     ray.init(address="local", num_cpus=1, include_dashboard=False)
-    ray_launcher._route_worker_logs()
+    ray_cluster._route_worker_logs()
 
     @ray.remote
     def node():

@@ -22,7 +22,6 @@ import contextlib
 import io
 import logging
 import os
-import pathlib
 import signal
 import threading
 from typing import Any, Iterator
@@ -31,10 +30,10 @@ import launchpad as lp
 import psutil
 from launchpad.launch.run_locally import launch_local_output_to_files
 
+from gorila_jax import console
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.distributed.launchers import base, launchpad_nodes
 
-_REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 _STOP_TIMEOUT_S = 60.0
 _EXIT_TIMEOUT_S = 30.0
 # The signals whose handlers `lp.launch` replaces in the launching process (its worker
@@ -209,7 +208,7 @@ def _launch(lp_program: Any, launch_type: str, log_dir: str) -> Any:
 def _pythonpath() -> Iterator[None]:
     """Node processes import gorila_jax and agents from this checkout."""
     old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, old) if p)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (console.REPO_ROOT, old) if p)
     try:
         yield
     finally:

@@ -12,24 +12,17 @@ direction. A node lives in a `ray_nodes.NodeActor`; its handles become
 """
 
 import logging
-import os
-import pathlib
-import socket
-import sys
 import time
 import uuid
 from typing import Any
 
 import ray
 import ray.exceptions
-from ray._private import ray_logging
 
-from gorila_jax import console
 from gorila_jax.distributed import placement as placement_lib
 from gorila_jax.distributed import program as program_lib
-from gorila_jax.distributed.launchers import base, ray_nodes
+from gorila_jax.distributed.launchers import base, ray_cluster, ray_nodes
 
-_REPO_ROOT = str(pathlib.Path(__file__).resolve().parents[3])
 # Enough threads that a node's run loop never starves its client calls.
 _MAX_CONCURRENCY = 32
 _STOP_TIMEOUT_S = 60.0
@@ -302,27 +295,7 @@ def launch(
       placement.UnplaceableError: at once if the cluster lacks what a group
         asks for, or after `placement_timeout_s` if it could not be reserved.
     """
-    console.route_ray_logger()
-    if ray.is_initialized():
-        owns_cluster = False
-    elif address is None:
-        wanted = sum(program.resources(spec.group).num_cpus for spec in program.nodes)
-        ray.init(
-            # "local": always a private cluster; None would join one that
-            # `ray start` (or another test's Cluster) left on this machine.
-            address="local",
-            num_cpus=num_cpus or max(os.cpu_count() or 1, int(wanted + 0.999)),
-            object_store_memory=object_store_memory,
-            include_dashboard=False,
-            # Workers import gorila_jax and agents from this checkout.
-            runtime_env={"env_vars": {"PYTHONPATH": _pythonpath()}},
-        )
-        owns_cluster = True
-    else:
-        _connect(address)
-        owns_cluster = True  # our connection only; the cluster itself keeps running
-    if owns_cluster:
-        _route_worker_logs()
+    owns_cluster = ray_cluster.start_or_join(program, address, num_cpus, object_store_memory)
     try:
         reserved = placement_lib.reserve(program, timeout_s=placement_timeout_s)
         try:
@@ -334,75 +307,3 @@ def launch(
         if owns_cluster:
             ray.shutdown()
         raise
-
-
-def _route_worker_logs() -> None:
-    """Under a quiet console (`console.route_third_party_logs`), the lines Ray forwards
-    from worker processes go to the third-party log, and those that matter (our
-    warnings, anyone's errors) to the console too.
-
-    Ray has no public hook for this: its driver prints forwarded lines through the
-    "ray_print_logs" handler of its stream dispatcher (Ray 2.60), replaced here.
-    """
-    log = console.third_party_log()
-    if log is None:
-        return
-
-    def forward(data: dict[str, Any]) -> None:
-        if data.get("pid") == "autoscaler":
-            return  # its cluster status every few seconds, which Ray itself does not print
-        source = data.get("actor_name") or data.get("task_name") or "worker"
-        prefix = f"({source} pid={data.get('pid')}) "
-        for line in data.get("lines", ()):
-            log.write(prefix + line + "\n")
-            if console.worker_line_matters(line):
-                print(prefix + line, file=sys.stderr, flush=True)
-
-    dispatcher = ray_logging.global_worker_stdstream_dispatcher
-    dispatcher.remove_handler("ray_print_logs")
-    dispatcher.add_handler("ray_print_logs", forward)
-
-
-def _pythonpath() -> str:
-    return os.pathsep.join(p for p in (_REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-
-
-def _connect(address: str, probe_timeout_s: float = 5.0) -> None:
-    """Joins an existing cluster and ships this checkout to its workers.
-
-    Raises:
-      ConnectionError: at once if nothing listens at `address`; `ray.init`
-        itself would retry for minutes.
-    """
-    if address != "auto":
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=probe_timeout_s).close()
-        except (OSError, ValueError) as error:
-            raise ConnectionError(
-                f"cannot reach the Ray cluster at --ray_address={address!r}: {error}"
-            ) from None
-    try:
-        ray.init(
-            address=address,
-            runtime_env={
-                "working_dir": _REPO_ROOT,
-                "excludes": [".venv", ".venv-deepmind", ".git", ".cache", "runs"],
-            },
-        )
-    except ConnectionError as error:
-        # Ray's message names only the address; the reason (a refused token, a GCS
-        # that timed out) is the last line of the error it chains.
-        cause = str(error.__cause__ or "").strip().splitlines()
-        reason = f" ({cause[-1]})" if cause else ""
-        # Ray 2.60 clusters started with `ray start` require token authentication.
-        hint = ""
-        if os.environ.get("RAY_AUTH_MODE") != "token":
-            hint = (
-                "; if the cluster uses token authentication (Ray's default for `ray start`), "
-                "export RAY_AUTH_MODE=token and make its token available "
-                "(~/.ray/auth_token or RAY_AUTH_TOKEN)"
-            )
-        raise ConnectionError(
-            f"cannot join the Ray cluster at {address!r}: {error}{reason}{hint}"
-        ) from None
