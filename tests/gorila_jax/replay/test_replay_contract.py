@@ -167,7 +167,7 @@ def test_the_rate_limiter_holds_samples_and_inserts_at_the_stated_ratio(nodes):
     _write(node, [3])
     assert _drain(node) == 4 * 2 - 4  # released at the minimum size, up to min_diff
     _write(node, [4])
-    assert _drain(node) == 5 * 2 - 4 - 4  # one insert releases spi samples
+    assert _drain(node) == 5 * 2 - 4  # one insert releases spi more
     # Inserts may go on while 2 * inserts - samples <= 12: with samples 6, up to 9.
     stop = threading.Event()
     writer = replay.connect(node).writer(TABLE, max_pending=1, stop_event=stop)
@@ -184,16 +184,21 @@ def test_the_rate_limiter_holds_samples_and_inserts_at_the_stated_ratio(nodes):
 
 
 def _drain(node) -> int:
-    """Samples one row at a time until the rate limiter holds them; returns how many it
-    allowed in all (the table's count: Reverb's datasets may sample ahead of use)."""
-    before = node.table_info()[TABLE]["samples"]
+    """Samples one row at a time until the rate limiter holds them; returns the samples
+    the table served in all, which is what the limiter allowed so far.
+
+    The table's count, not this sampler's: Reverb's datasets sample ahead of use, and
+    a request of an earlier, closed sampler can still wait on the server and take a
+    sample the next insert releases (CI at 9431dea: a drain after one insert saw 0 of
+    its 2). Whoever takes them, the total is the limiter's.
+    """
     sampler = replay.ReplayShards([node]).sampler(TABLE, None)
     try:
         for _ in sampler.batches(1):
             pass
     finally:
-        sampler.close()  # Reverb's: its requests still in flight end here
-    return int(node.table_info()[TABLE]["samples"] - before)
+        sampler.close()
+    return int(node.table_info()[TABLE]["samples"])
 
 
 def test_a_queue_gives_each_item_once_and_holds_writers_while_full(nodes):
@@ -205,12 +210,29 @@ def test_a_queue_gives_each_item_once_and_holds_writers_while_full(nodes):
         assert batches == [[0, 1, 2, 3], [4, 5, 6, 7]], "oldest first"
     assert node.table_info()[TABLE]["size"] == 0
     _write(node, range(8, 16))  # room again, up to the queue's size
+    _top_up(node, 8, next_id=16)
     stop = threading.Event()
     writer = replay.connect(node).writer(TABLE, max_pending=1, stop_event=stop)
     threading.Timer(2.0, stop.set).start()
     with pytest.raises(replay.Stopped):
-        writer.write(_rows([16]), np.ones(1))
+        writer.write(_rows([99]), np.ones(1))
         writer.flush()
+
+
+def _top_up(node, size: int, next_id: int) -> None:
+    """Writes until the table holds `size` items and stays there: under Reverb a request
+    of the closed sampler can still wait on the server and take an item as it arrives
+    (CI at 9431dea: the queue then had room for the write that should have waited)."""
+    steady = 0
+    while steady < 3:
+        time.sleep(0.2)
+        held = node.table_info()[TABLE]["size"]
+        if held < size:
+            _write(node, range(next_id, next_id + size - held))
+            next_id += size - held
+            steady = 0
+        else:
+            steady += 1
 
 
 def test_priority_updates_reach_their_items_after_inserts_moved_the_ring(nodes):
