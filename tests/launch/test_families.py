@@ -1,6 +1,5 @@
 """Env families by spec, the preset `auto` gives each agent there, and the errors for the rest."""
 
-import dataclasses
 
 import pytest
 
@@ -176,4 +175,6 @@ def test_gorila_mode_drops_adams_momentum_in_every_vector_discrete_env():
     for env_id in ("MountainCar-v0", "LunarLander-v2"):
         sync, _ = presets.load("auto", "dqn", env_id, EXPERIMENT_FIELDS)
         gorila, _ = presets.load("auto", "dqn", env_id, EXPERIMENT_FIELDS, "gorila")
-        assert gorila == dataclasses.replace(sync, **dqn_presets.GORILA_CARTPOLE)
+        assert sync.adam_b1 > 0.0 and sync.updates_per_dispatch > 1
+        for field, value in dqn_presets.GORILA_CARTPOLE.items():
+            assert getattr(gorila, field) == value, field

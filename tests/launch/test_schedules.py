@@ -36,7 +36,7 @@ def test_the_dqn_cartpole_schedules_end_at_each_budget(env_steps):
 def test_the_run_s_own_rates_count_not_the_preset_s():
     # Twice the batch: half the updates in the same budget, and the cosine ends with them.
     config = _fitted("dqn", "CartPole-v1", 120_000, overrides={"batch_size": 128})
-    assert config.learning_rate_decay_steps == 120_000 * 8 // 128
+    assert config.learning_rate_decay_steps == 120_000 * config.samples_per_insert // 128
     # The preset's 2 actors decay epsilon over 8k of their 60k env steps each; 4 actors
     # over the same part of their 30k.
     config = _fitted("dqn", "CartPole-v1", 120_000, num_actors=4)
@@ -51,12 +51,13 @@ def test_ppo_s_decay_keeps_its_part_of_the_budget():
 
 def test_what_the_user_set_is_kept_and_what_is_off_stays_off(tmp_path):
     config = _fitted("dqn", "CartPole-v1", 500_000, overrides={"learning_rate_decay_steps": 777})
+    updates = 500_000 * config.samples_per_insert // config.batch_size
     assert config.learning_rate_decay_steps == 777
-    assert config.importance_exponent_anneal_steps == 62_500  # the rest still follow
+    assert config.importance_exponent_anneal_steps == updates  # the rest still follow
     preset_file = tmp_path / "mine.yaml"
     preset_file.write_text("agent: {epsilon_decay_steps: 9000}\n")
     config = _fitted("dqn", "CartPole-v1", 500_000, name=str(preset_file))
-    assert config.epsilon_decay_steps == 9_000 and config.learning_rate_decay_steps == 62_500
+    assert config.epsilon_decay_steps == 9_000 and config.learning_rate_decay_steps == updates
     # PPO's Atari preset keeps a constant step size (0: no decay) at any budget.
     layers = presets.load_layers("simple", "ppo", "CartPole-v1", FIELDS)
     assert layers.config.learning_rate_decay_updates == 0
