@@ -56,6 +56,8 @@ class EnvFamily(NamedTuple):
       check_env_id: raises ValueError naming close matches for an id it lacks.
       env_spec: (env_id, **env_kwargs) -> types.EnvSpec, without building envs.
       make_env: (env_id, num_envs, seed, evaluation, **env_kwargs) -> VectorEnv.
+      thread_pool: whether its envs step in a pool of worker threads (`num_threads`,
+        `--env_threads_per_actor`); without one they step in the actor's thread.
     """
 
     name: str
@@ -63,6 +65,7 @@ class EnvFamily(NamedTuple):
     check_env_id: Callable[[str], None]
     env_spec: Callable[..., types.EnvSpec]
     make_env: Callable[..., VectorEnv]
+    thread_pool: bool = False
 
 
 def check_known(env_id: str, known: Any, otherwise: str) -> None:

@@ -183,7 +183,12 @@ FAMILIES = (
     ),
     gym_envs.FAMILY,
     env_api.EnvFamily(
-        "envpool", lambda env_id: True, _check_envpool_id, _envpool_spec, _make_envpool_env
+        "envpool",
+        lambda env_id: True,
+        _check_envpool_id,
+        _envpool_spec,
+        _make_envpool_env,
+        thread_pool=True,
     ),
 )
 

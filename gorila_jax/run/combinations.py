@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import multiagent
+from gorila_jax import envs, multiagent
 from gorila_jax.learning import settings as learner_settings
 
 _ROLLBACK = ("max_nonfinite_steps", "rollback_lr_factor", "rollback_param_noise")
@@ -35,6 +35,7 @@ SETTING_FEATURES: dict[str, Callable[[Any], bool]] = {
     "num_learner_devices above 1 with launcher=local": lambda cfg: (
         cfg.launcher == "local" and cfg.num_learner_devices > 1
     ),
+    "env_threads_per_actor above 1": lambda cfg: cfg.env_threads_per_actor > 1,
     "max_nonfinite_steps, rollback_lr_factor or rollback_param_noise off its default": (
         lambda cfg: any(
             getattr(cfg, name) != getattr(learner_settings.DEFAULTS, name) for name in _ROLLBACK
@@ -101,6 +102,14 @@ KINDS = (
         "learner_mode=federated does not support {asked} yet",
         "each client has its own replay and learner, wired apart from a single-learner "
         "run's; a federated run keeps no checkpoints yet",
+    ),
+    RunKind(
+        "an env without a thread pool (`mpe/`, `gym:` ids)",
+        lambda cfg: not envs.family(cfg.env_id).thread_pool,
+        ("env_threads_per_actor above 1",),
+        "{env_id} steps in the actor's own thread: {asked} asks for envpool's worker "
+        "threads, which its envs do not have; run more actors instead (--num_actors)",
+        "only envpool steps its envs in a pool of worker threads",
     ),
     RunKind(
         "a multi-agent env of several roles (role groups)",

@@ -26,12 +26,14 @@ ASKING = {
     "max_nonfinite_steps, rollback_lr_factor or rollback_param_noise off its default": dict(
         rollback_lr_factor=0.25
     ),
+    "env_threads_per_actor above 1": dict(env_threads_per_actor=2),
 }
 # Settings that make each kind of run.
 KIND_OF = {
     "learner_mode=gorila": dict(learner_mode="gorila"),
     "launcher=launchpad": dict(launcher="launchpad"),
     "learner_mode=federated": dict(learner_mode="federated"),
+    "an env without a thread pool (`mpe/`, `gym:` ids)": dict(env_id="gym:CartPole-v1"),
     "a multi-agent env of several roles (role groups)": dict(env_id="mpe/simple_tag_v3"),
 }
 PLAIN = dict(env_id="CartPole-v1", launcher="ray", learner_mode="sync")
@@ -65,6 +67,15 @@ def test_a_plain_run_refuses_none_of_them():
         if feature in ("learner_mode=federated", "launcher=launchpad"):
             continue  # those make kinds of their own
         combinations.check_settings(experiment.ExperimentConfig(**{**PLAIN, **settings}))
+
+
+@pytest.mark.parametrize("env_id", ["gym:Acrobot-v1", "mpe/simple_spread_v3", "mpe/simple_tag_v3"])
+def test_envs_without_a_thread_pool_refuse_more_than_one_env_thread(env_id):
+    # Their envs step in the actor's thread; a second thread would be asked for and unused.
+    cfg = experiment.ExperimentConfig(**{**PLAIN, "env_id": env_id, "env_threads_per_actor": 2})
+    with pytest.raises(ValueError, match="steps in the actor's own thread.*--num_actors"):
+        combinations.check_settings(cfg)
+    combinations.check_settings(dataclasses.replace(cfg, env_threads_per_actor=1))
 
 
 @pytest.mark.parametrize("setting", [dict(max_nonfinite_steps=0), dict(rollback_param_noise=0.01)])
