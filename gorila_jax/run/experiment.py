@@ -17,7 +17,7 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import metrics, tracking
 from gorila_jax.distributed import launchers
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import driver, signals, stopping, tasks
+from gorila_jax.run import driver, resume, signals, stopping, tasks
 from gorila_jax.run import logdir as logdir_lib
 from gorila_jax.run.driver import NODE_STATUS_FILE
 from gorila_jax.run.experiment_config import LEARNER_MODES, ExperimentConfig
@@ -163,6 +163,8 @@ def _run(
     launcher_options: dict[str, Any],
     tracker: tracking.WandbTracker | None,
 ) -> dict[str, Any]:
+    if cfg.resume:
+        resume.check_resumable(cfg)
     program = task.prepare()
     _set_launcher_options(cfg, launcher_options)
     resume_env_steps = checkpoint.total(task.resume_meta(), "env_steps") if cfg.resume else None

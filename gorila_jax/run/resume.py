@@ -1,7 +1,8 @@
 """The resume step's own check: what a resumed run needs of the logdir it continues.
 
-It reads the disk, so it runs as the run readies its logdir (`tasks.Task.prepare`), not
-with the settings checks, which read no files.
+It reads the disk, so it runs once, just before the run readies its logdir
+(`experiment._run`, then `tasks.Task.prepare`), not with the settings checks, which
+read no files.
 """
 
 import os

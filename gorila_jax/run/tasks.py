@@ -15,7 +15,7 @@ from gorila_jax.acting import evaluation
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.health import balance
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import elastic, learning_modes, live_actors, resume, role_program, wiring
+from gorila_jax.run import elastic, learning_modes, live_actors, role_program, wiring
 from gorila_jax.run.experiment_config import ExperimentConfig
 from gorila_jax.run.wiring import make_program
 
@@ -83,8 +83,6 @@ class OneTask:
 
     def prepare(self) -> program_lib.Program:
         builder, cfg = self._builder, self._cfg
-        if cfg.resume:
-            resume.check_resumable(cfg)
         template = wiring.checkpoint_template(builder, cfg, self._spec)
         self._resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
         return make_program(builder, cfg, self._spec, self._resume)
@@ -161,8 +159,6 @@ class RoleGroups:
         return {role: builder.config for role, builder in self._builders.items()}
 
     def prepare(self) -> program_lib.Program:
-        if self._cfg.resume:
-            resume.check_resumable(self._cfg)
         self._resume = role_program.prepare_logdir(self._builders, self._cfg)
         return role_program.make_program(self._builders, self._cfg, self._resume)
 
