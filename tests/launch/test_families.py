@@ -1,6 +1,5 @@
 """Env families by spec, the preset `auto` gives each agent there, and the errors for the rest."""
 
-
 import pytest
 
 from agents import registry
