@@ -31,6 +31,7 @@ from bench import timing  # noqa: E402
 from gorila_jax import builder as builder_lib  # noqa: E402
 from gorila_jax import envs, replay, types
 from gorila_jax.acting import actor
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
 from agents.dqn import presets as dqn_presets  # noqa: E402
@@ -114,9 +115,7 @@ def actor_node(
             learner_node,
             None,
             0,
-            num_envs,
-            5,
-            env_threads=threads,
+            ActorSettings(num_envs=num_envs, env_threads=threads),
         )
     graph.node("learner").disable_run()
     with launchers.launch(graph, "local") as running:

@@ -12,6 +12,7 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 from gorila_jax.health import monitor as monitor_lib
@@ -105,10 +106,12 @@ class ParameterPuller:
 
 class LimitedActing(program.Worker):
     """An acting node whose env steps the driver can cap near the end of the run's budget
-    (`gorila_jax/run/budget.py`): its loop calls `at_env_step_limit` before each step."""
+    (`gorila_jax/run/budget.py`): its loop calls `at_env_step_limit` before each step,
+    and ends at its settings' `max_env_steps` (`budget_spent`)."""
 
-    def __init__(self):
+    def __init__(self, settings: ActorSettings):
         super().__init__()
+        self._settings = settings
         self._env_step_limit: int | None = None
         self._limit_issued = -1
         self._limit_lock = threading.Lock()
@@ -131,6 +134,10 @@ class LimitedActing(program.Worker):
                 self._limit_issued = issued
                 self._env_step_limit = None if limit is None else int(limit)
 
+    def budget_spent(self) -> bool:
+        """Whether the node has acted its settings' `max_env_steps` (never at 0)."""
+        return 0 < self._settings.max_env_steps <= self.env_steps_now()
+
     def at_env_step_limit(self) -> bool:
         """Whether the node is at its limit (then after a short wait: call it again)."""
         if self._env_step_limit is None or self.env_steps_now() < self._env_step_limit:
@@ -142,7 +149,7 @@ class LimitedActing(program.Worker):
 class ActorNode(LimitedActing):
     """Acts in `num_envs` envpool envs and writes what it sees to replay.
 
-    Parameters are pulled from the learner every `param_pull_interval` actor
+    Parameters are pulled from the learner every `settings.param_pull_interval` actor
     steps (one step = one vectorized env step) as a future: acting goes on
     with the old parameters until the new ones arrive.
 
@@ -155,13 +162,7 @@ class ActorNode(LimitedActing):
         `replay_client` may be the list of a sharded replay's shards: the actor
         writes to its assigned one, `replay.assigned_shard`.
       seed: root seed of the experiment.
-      num_envs: envs in this actor's envpool. A multi-agent task's copy gives
-        `spec.agents_per_env` rows (one per agent); env steps count rows.
-      param_pull_interval: actor steps between parameter requests.
-      heartbeat_interval_s: how often counters and episode returns go to the monitor.
-      max_env_steps: stop after this many env steps (0: run until stopped).
-      env_threads: envpool worker threads; 1 suits cheap envs on few cores,
-        more pay off for expensive ones (Atari, MuJoCo) when cores are free.
+      settings: how it acts (envs, pulls, heartbeats, threads; `ActorSettings`).
       restored_counters: this actor's counters when the run was checkpointed
         (see `counters`); env steps (the exploration schedule's position) and
         episodes continue from them.
@@ -177,23 +178,16 @@ class ActorNode(LimitedActing):
         learner: program.Client | list[program.Client],
         monitor: program.Client | None,
         seed: int,
-        num_envs: int,
-        param_pull_interval: int,
-        heartbeat_interval_s: float = 1.0,
-        max_env_steps: int = 0,
-        env_threads: int = 1,
+        settings: ActorSettings,
         restored_counters: dict[str, int] | None = None,
     ):
-        super().__init__()
+        super().__init__(settings)
         self.name = f"actor/{actor_index}"
         self._actor_index = actor_index
         self._builder, self._spec = builder, spec
         self._learner = parameter_server.parameter_source(learner, builder, spec, seed, self.name)
         self._monitor = monitor
-        self._num_envs, self._pull_interval = num_envs, param_pull_interval
-        self._rows = num_envs * spec.agents_per_env  # the batch the policy and adder see
-        self._heartbeat_interval_s, self._max_env_steps = heartbeat_interval_s, max_env_steps
-        self._env_threads = env_threads
+        self._rows = settings.num_envs * spec.agents_per_env  # the batch the policy and adder see
         restored_counters = restored_counters or {}
         self.env_steps = int(restored_counters.get("env_steps", 0))
         self._env_seed, self._policy_key = actor_seeds(seed, actor_index, self.env_steps)
@@ -206,21 +200,22 @@ class ActorNode(LimitedActing):
 
     def run(self) -> None:
         # Beats from its own thread: a hung env shows as a stall, not a death.
+        settings = self._settings
         heartbeat = monitor_lib.Heartbeat(
-            self._monitor, self.name, self.counters, self._heartbeat_interval_s
+            self._monitor, self.name, self.counters, settings.heartbeat_interval_s
         ).start()
         env = adder = puller = None
         try:
             env = envs.make_env(
                 self._spec.env_id,
-                self._num_envs,
+                settings.num_envs,
                 seed=self._env_seed,
-                num_threads=self._env_threads,
+                num_threads=settings.env_threads,
             )
             connection = replay.connect(self._replay_node, self._replay_endpoint)
             layout = self._builder.replay_layout(self._spec)
             adder = layout.make_adder(connection, self._rows, self._stop_event)
-            puller = ParameterPuller(self._learner, self._pull_interval)
+            puller = ParameterPuller(self._learner, settings.param_pull_interval)
             self._act(env, adder, puller)
         except replay.Stopped:
             pass  # the rate limiter held our inserts while we were asked to stop
@@ -247,7 +242,7 @@ class ActorNode(LimitedActing):
         # resets adds no env step, and would repeat its predecessor's key. A resumed
         # actor counts from 0 again, from a key of its own (see `__init__`).
         keys = step_keys(self._policy_key)
-        while not self.stopping and not self._budget_spent():
+        while not self.stopping and not self.budget_spent():
             if self.at_env_step_limit():
                 continue
             params, version = puller.next_params(), puller.version
@@ -280,14 +275,11 @@ class ActorNode(LimitedActing):
             self.env_steps += int(valid.sum())
             self.param_version = puller.version
             valid, obs = ~ended, next_obs
-            if time.monotonic() - last_report >= self._heartbeat_interval_s:
+            if time.monotonic() - last_report >= self._settings.heartbeat_interval_s:
                 self._report()
                 last_report = time.monotonic()
         if unwritten is not None and not self.stopping:
             adder.add(unwritten)
-
-    def _budget_spent(self) -> bool:
-        return 0 < self._max_env_steps <= self.env_steps
 
     def env_steps_now(self) -> int:
         return self.env_steps

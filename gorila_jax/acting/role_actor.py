@@ -17,6 +17,7 @@ import numpy as np
 from gorila_jax import builder as builder_lib
 from gorila_jax import multiagent, replay, types
 from gorila_jax.acting import actor, evaluation
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 from gorila_jax.health import monitor as monitor_lib
@@ -62,9 +63,9 @@ class RoleActorNode(actor.LimitedActing):
     Args:
       env_id: the task (`mpe/<name>`).
       roles: role -> `RoleWiring`, one per role of the task.
-      actor_index, num_actors, monitor, seed, num_envs, param_pull_interval,
-        heartbeat_interval_s, restored_counters: as `actor.ActorNode`'s. Env steps
-        count agent rows; the counters have each role's part (`role_counter`).
+      actor_index, num_actors, monitor, seed, settings, restored_counters: as
+        `actor.ActorNode`'s. Env steps count agent rows; the counters have each role's
+        part (`role_counter`).
     """
 
     def __init__(
@@ -75,12 +76,10 @@ class RoleActorNode(actor.LimitedActing):
         num_actors: int,
         monitor: program.Client | None,
         seed: int,
-        num_envs: int,
-        param_pull_interval: int,
-        heartbeat_interval_s: float = 1.0,
+        settings: ActorSettings,
         restored_counters: dict[str, int] | None = None,
     ):
-        super().__init__()
+        super().__init__(settings)
         task_roles = multiagent.role_specs(env_id)
         if set(roles) != set(task_roles):
             raise ValueError(
@@ -89,8 +88,8 @@ class RoleActorNode(actor.LimitedActing):
             )
         self.name = f"actor/{actor_index}"
         self.env_id, self.actor_index, self.num_actors = env_id, actor_index, num_actors
-        self.num_envs, self._pull_interval = num_envs, param_pull_interval
-        self._monitor, self._heartbeat_interval_s = monitor, heartbeat_interval_s
+        self.num_envs = settings.num_envs
+        self._monitor = monitor
         self.restored = dict(restored_counters or {})
         env_steps = int(self.restored.get("env_steps", 0))
         self._env_seed, policy_key = actor.actor_seeds(seed, actor_index, env_steps)
@@ -108,7 +107,7 @@ class RoleActorNode(actor.LimitedActing):
 
     def run(self) -> None:
         heartbeat = monitor_lib.Heartbeat(
-            self._monitor, self.name, self.counters, self._heartbeat_interval_s
+            self._monitor, self.name, self.counters, self._settings.heartbeat_interval_s
         ).start()
         env = None
         try:
@@ -118,7 +117,9 @@ class RoleActorNode(actor.LimitedActing):
                 acting.adder = acting.builder.replay_layout(acting.spec).make_adder(
                     replay.connect(shard), acting.rows, self._stop_event
                 )
-                acting.puller = actor.ParameterPuller(self._sources[role], self._pull_interval)
+                acting.puller = actor.ParameterPuller(
+                    self._sources[role], self._settings.param_pull_interval
+                )
             self._act(env)
         except replay.Stopped:
             pass  # a rate limiter held our inserts while we were asked to stop
@@ -138,7 +139,7 @@ class RoleActorNode(actor.LimitedActing):
     def _act(self, env: multiagent.MultiAgentVectorEnv) -> None:
         obs = env.reset()
         last_report = time.monotonic()
-        while not self.stopping:
+        while not self.stopping and not self.budget_spent():
             if self.at_env_step_limit():
                 continue
             actions, chosen = {}, {}
@@ -173,7 +174,7 @@ class RoleActorNode(actor.LimitedActing):
                 acting.env_steps += int(valid.sum())
                 acting.valid = ~ended
                 obs[role] = next_obs
-            if time.monotonic() - last_report >= self._heartbeat_interval_s:
+            if time.monotonic() - last_report >= self._settings.heartbeat_interval_s:
                 self._report(blocking=False)
                 last_report = time.monotonic()
 

@@ -11,6 +11,8 @@ from typing import Any
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import config_checks, replay, types
+from gorila_jax.acting.settings import DEFAULTS as ACTOR
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
 from gorila_jax.federated import privacy
@@ -99,12 +101,17 @@ class ExperimentConfig:
         None, "run", "End the run early once an evaluation reaches this mean return."
     )
     num_actors: int = setting(2, "actors", "Actor nodes.", check=POSITIVE)
-    num_envs_per_actor: int = setting(8, "actors", "Envs in each actor's envpool.", check=POSITIVE)
+    num_envs_per_actor: int = setting(
+        ACTOR.num_envs, "actors", "Envs in each actor's envpool.", check=POSITIVE
+    )
     env_threads_per_actor: int = setting(
-        1, "actors", "envpool worker threads in each actor.", check=POSITIVE
+        ACTOR.env_threads, "actors", "envpool worker threads in each actor.", check=POSITIVE
     )
     param_pull_interval: int = setting(
-        5, "actors", "Actor steps between parameter pulls from the learner.", check=POSITIVE
+        ACTOR.param_pull_interval,
+        "actors",
+        "Actor steps between parameter pulls from the learner.",
+        check=POSITIVE,
     )
     cpus_per_actor: float = setting(
         1.0, "actors", "CPUs each actor asks Ray for (fractions share a core).", check=NON_NEGATIVE
@@ -228,7 +235,7 @@ class ExperimentConfig:
         0.5, "gorila", "CPUs each parameter-server shard asks Ray for.", check=NON_NEGATIVE
     )
     heartbeat_interval_s: float = setting(
-        1.0,
+        LEARNER.heartbeat_interval_s,
         "faults",
         "Seconds between the nodes' heartbeats (counters) to the monitor.",
         check=POSITIVE,
@@ -438,6 +445,15 @@ class ExperimentConfig:
             return None
         return privacy.PrivacySettings(
             self.dp_clip_norm, self.dp_noise_multiplier, self.dp_delta, self.dp_target_epsilon
+        )
+
+    def actor_settings(self) -> ActorSettings:
+        """What every actor node of the run takes (`acting/settings.py`)."""
+        return ActorSettings(
+            num_envs=self.num_envs_per_actor,
+            param_pull_interval=self.param_pull_interval,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            env_threads=self.env_threads_per_actor,
         )
 
     def learner_settings(self) -> LearnerSettings:

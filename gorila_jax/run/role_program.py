@@ -140,9 +140,7 @@ def make_program(
                 cfg.num_actors,
                 monitor_node,
                 cfg.seed,
-                cfg.num_envs_per_actor,
-                cfg.param_pull_interval,
-                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                cfg.actor_settings(),
                 restored_counters=wiring.int_counters(restored_counters.get(f"actor/{index}")),
             )
             program.node(handle.name).restartable(monitor.continue_counters)

@@ -177,15 +177,9 @@ def actor_arguments(
         params_from,
         monitor_node,
         cfg.seed,
-        cfg.num_envs_per_actor,
-        cfg.param_pull_interval,
+        cfg.actor_settings(),
     )
-    kwargs = dict(
-        env_threads=cfg.env_threads_per_actor,
-        restored_counters=restored_counters,
-        heartbeat_interval_s=cfg.heartbeat_interval_s,
-    )
-    return args, kwargs
+    return args, dict(restored_counters=restored_counters)
 
 
 def _add_param_caches(

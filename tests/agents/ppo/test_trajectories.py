@@ -12,6 +12,7 @@ from agents.ppo import learning
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
 from gorila_jax.acting import actor
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
 from tests import fakes
@@ -121,7 +122,16 @@ def _program(config=TINY) -> program.Program:
         learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
     with graph.group("actor"):
         graph.add_node(
-            actor.ActorNode, builder, SPEC, 0, 1, replay_node, learner_node, None, 0, NUM_ENVS, 1
+            actor.ActorNode,
+            builder,
+            SPEC,
+            0,
+            1,
+            replay_node,
+            learner_node,
+            None,
+            0,
+            ActorSettings(num_envs=NUM_ENVS, param_pull_interval=1),
         )
     graph.node("learner").disable_run()
     return graph

@@ -14,6 +14,7 @@ from agents import dqn, ppo, sac
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
 from gorila_jax.acting import actor
+from gorila_jax.acting.settings import ActorSettings
 from tests.backends import DefaultReplayNode
 
 CARTPOLE = envs.env_spec("CartPole-v1")
@@ -113,9 +114,9 @@ def _keys_of_a_run(replay_node, actor_index: int, seed: int = 0, restored_env_st
         _Learner(jax.device_get(params)),
         None,
         seed,
-        num_envs=1,
-        param_pull_interval=10,
-        max_env_steps=restored_env_steps + ENV_STEPS,
+        ActorSettings(
+            num_envs=1, param_pull_interval=10, max_env_steps=restored_env_steps + ENV_STEPS
+        ),
         restored_counters={"env_steps": restored_env_steps} if restored_env_steps else None,
     )
     node.run()  # returns once the env-step budget is spent

@@ -11,6 +11,7 @@ from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
 from gorila_jax.acting import actor
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
 from gorila_jax.learning.settings import LearnerSettings
@@ -52,9 +53,7 @@ def _program(actor_steps: int, config: dqn.DQNConfig = CONFIG) -> program.Progra
             learner_node,
             None,
             0,
-            4,
-            5,
-            max_env_steps=actor_steps,
+            ActorSettings(num_envs=4, param_pull_interval=5, max_env_steps=actor_steps),
         )
     graph.node("learner").disable_run()
     return graph

@@ -7,6 +7,7 @@ actor has far more envs than the other.
 """
 
 import csv
+import dataclasses
 import json
 import logging
 import os
@@ -386,8 +387,9 @@ def _run_unbalanced(tmp_path, monkeypatch, scenario, **settings) -> dict:
 
     def actor_1_has_16x_the_envs(builder, cfg, spec, index, nodes, restored):
         args, kwargs = build_arguments(builder, cfg, spec, index, nodes, restored)
-        if index == 1:  # args[8] is num_envs; later actors are built as configured
-            args = (*args[:8], 16 * cfg.num_envs_per_actor, *args[9:])
+        if index == 1:  # args[8] is the actor's settings; later actors are built as configured
+            more_envs = dataclasses.replace(args[8], num_envs=16 * cfg.num_envs_per_actor)
+            args = (*args[:8], more_envs, *args[9:])
         return args, kwargs
 
     monkeypatch.setattr(wiring, "actor_arguments", actor_1_has_16x_the_envs)

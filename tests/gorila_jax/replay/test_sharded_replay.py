@@ -17,6 +17,7 @@ from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay
 from gorila_jax.acting import actor
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import checkpoint, learner
 from gorila_jax.run import experiment, resume
@@ -394,9 +395,7 @@ def _actor_program(budgets: dict[int, int]) -> program.Program:
                 learner_node,
                 None,
                 0,
-                NUM_ENVS,
-                5,
-                max_env_steps=budget,
+                ActorSettings(num_envs=NUM_ENVS, max_env_steps=budget),
             )
     graph.node("learner").disable_run()
     return graph
