@@ -11,6 +11,7 @@ import pytest
 
 from agents import dqn, ppo
 from gorila_jax.acting import actor
+from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.run import budget, experiment
 from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
 
@@ -161,7 +162,7 @@ def test_a_hung_actor_neither_holds_the_run_short_of_its_budget_nor_stops_its_en
 
 def test_a_limit_that_arrives_after_a_later_one_is_dropped():
     # Calls to a Ray actor run on several threads: two limits may land out of order.
-    node = actor.LimitedActing()
+    node = actor.LimitedActing(ActorSettings())
     node.env_steps_now = lambda: 200
     node.sleep = lambda seconds: None
     node.limit_env_steps(150, issued=2)
@@ -169,3 +170,11 @@ def test_a_limit_that_arrives_after_a_later_one_is_dropped():
     assert node.at_env_step_limit()
     node.limit_env_steps(250, issued=3)
     assert not node.at_env_step_limit()
+
+
+@pytest.mark.parametrize("cap, spent", [(0, False), (199, True), (200, True), (201, False)])
+def test_an_acting_node_ends_at_its_settings_env_step_cap(cap, spent):
+    # What a bench's or a unit test's single actor runs to; 0 (every run's): no cap.
+    node = actor.LimitedActing(ActorSettings(max_env_steps=cap))
+    node.env_steps_now = lambda: 200
+    assert node.budget_spent() == spent
