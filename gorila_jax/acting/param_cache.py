@@ -71,7 +71,7 @@ class ParameterCache(program.Worker):
         seed: int,
         host_index: int,
         monitor: program.Client | None = None,
-        heartbeat_interval_s: float = 1.0,
+        heartbeat_interval_s: float = monitor_lib.HEARTBEAT_INTERVAL_S,
         min_fetch_interval_s: float = 0.0,
         restored_counters: dict[str, int] | None = None,
     ):

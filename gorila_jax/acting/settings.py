@@ -8,6 +8,8 @@ run's actors get.
 
 import dataclasses
 
+from gorila_jax.health.monitor import HEARTBEAT_INTERVAL_S
+
 
 @dataclasses.dataclass(frozen=True)
 class ActorSettings:
@@ -32,7 +34,7 @@ class ActorSettings:
 
     num_envs: int = 8
     param_pull_interval: int = 5
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     env_threads: int = 1
     max_env_steps: int = 0
 

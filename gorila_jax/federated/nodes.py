@@ -31,6 +31,7 @@ from gorila_jax import parallel, types
 from gorila_jax.distributed import program
 from gorila_jax.federated import privacy as privacy_lib
 from gorila_jax.federated import secure_aggregation as secagg
+from gorila_jax.health.monitor import HEARTBEAT_INTERVAL_S
 from gorila_jax.learning import learner
 
 GROUP = "coordinator"
@@ -148,7 +149,7 @@ class CoordinatorNode(program.Worker):
         rounds: int = 0,
         privacy: privacy_lib.PrivacySettings | None = None,
         secure: bool = True,
-        heartbeat_interval_s: float = 1.0,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
     ):
         super().__init__()
         self._builder, self._clients, self._monitor = builder, clients, monitor

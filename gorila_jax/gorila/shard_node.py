@@ -13,6 +13,7 @@ from gorila_jax import builder as builder_lib
 from gorila_jax import types
 from gorila_jax.distributed import program
 from gorila_jax.gorila import compression, parameter_server
+from gorila_jax.health.monitor import HEARTBEAT_INTERVAL_S
 from gorila_jax.learning import checkpoint, sync_learner
 
 
@@ -37,7 +38,7 @@ class ParameterShardNode(program.Worker):
         max_staleness: int,
         staleness_scaling: bool = False,
         monitor: program.Client | None = None,
-        heartbeat_interval_s: float = 1.0,
+        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
         group: str = "parameter_server",

@@ -18,6 +18,10 @@ from typing import Any, Callable
 
 from gorila_jax.distributed import program as program_lib
 
+# Seconds between a node's heartbeats unless the run sets --heartbeat_interval: every
+# node's default, and the run's.
+HEARTBEAT_INTERVAL_S = 1.0
+
 
 class MonitorNode:
     """Aggregates counters, metrics, training and evaluation returns.

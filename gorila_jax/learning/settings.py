@@ -8,6 +8,8 @@ run's learners get.
 
 import dataclasses
 
+from gorila_jax.health.monitor import HEARTBEAT_INTERVAL_S
+
 
 @dataclasses.dataclass(frozen=True)
 class LearnerSettings:
@@ -33,7 +35,7 @@ class LearnerSettings:
     """
 
     num_devices: int = 0
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     checkpoint_interval_steps: int = 5000
     max_checkpoints_to_keep: int = 2
     tf32: bool = False
