@@ -81,7 +81,9 @@ def test_an_env_no_agent_can_take_is_refused_saying_why(env_id, message):
         ("qrdqn", "Breakout-v5", "default"),  # QR-DQN has no difficulty presets
         ("dqn", "Acrobot-v1", "lunarlander"),  # by its name (BY_ENV_NAME)
         ("dqn", "MountainCar-v0", "cartpole"),
-        ("qrdqn", "LunarLander-v2", "cartpole"),
+        ("qrdqn", "LunarLander-v2", "lunarlander"),
+        ("qrdqn", "CartPole-v1", "cartpole"),
+        ("qrdqn", "Acrobot-v1", "lunarlander"),
         ("ppo", "MountainCar-v0", "cartpole"),
         ("sac", "InvertedPendulum-v4", "pendulum"),
         ("ppo", "InvertedPendulum-v4", "pendulum"),
