@@ -32,7 +32,7 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
-from gorila_jax.acting import actor
+from gorila_jax.acting import parts
 
 FORMAT = "gorila-demos/1"
 MANIFEST = "demos.json"
@@ -315,7 +315,7 @@ def policy_actions(
     """The agent's evaluation policy on `params`, as `record` takes it."""
     policy = builder.make_policy(spec, 0, 1, evaluation=True)
     params = jax.device_put(params)
-    keys = actor.step_keys(jax.random.PRNGKey(seed))
+    keys = parts.step_keys(jax.random.PRNGKey(seed))
     step = [0]
 
     def act(observations: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 from absl import app, flags
 
 from gorila_jax import envs
-from gorila_jax.acting import actor, evaluation
+from gorila_jax.acting import evaluation, parts
 from launch import trained as trained_lib
 
 _LOGDIR, _EPSILON, _STEP = trained_lib.define_run_flags("evaluate")
@@ -49,7 +49,7 @@ def record_gif(builder, spec, params, seed: int, path: str, fps: int) -> int:
     try:
         policy = builder.make_policy(spec, 0, 1, evaluation=True)
         params, step, done = jax.device_put(params), 0, False
-        keys = actor.step_keys(jax.random.PRNGKey(seed))  # a fresh key per step, as actors hand
+        keys = parts.step_keys(jax.random.PRNGKey(seed))  # a fresh key per step, as actors hand
         while not done:
             action = np.asarray(policy(params, obs, next(keys), step))
             obs, _, terminated, truncated, _ = env.step(action)

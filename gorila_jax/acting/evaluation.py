@@ -7,7 +7,7 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, types
-from gorila_jax.acting import actor
+from gorila_jax.acting import parts
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 
@@ -21,7 +21,7 @@ def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Arr
     num_envs = obs.shape[0]
     returns = np.zeros(num_envs, np.float64)
     done = np.zeros(num_envs, bool)
-    keys = actor.step_keys(key)
+    keys = parts.step_keys(key)
     step = 0
     while not done.all():
         action, _ = builder_lib.split_policy_output(policy(params, obs, next(keys), step))

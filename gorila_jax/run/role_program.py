@@ -17,7 +17,7 @@ from typing import Any
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import multiagent
-from gorila_jax.acting import role_actor
+from gorila_jax.acting import actor, role_actor
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.gorila import mode
 from gorila_jax.health import monitor
@@ -118,7 +118,7 @@ def make_program(
             role,
         )
         # Every actor of a role reads one source (role groups refuse federated runs).
-        roles[role] = role_actor.RoleWiring(builder, spec, replay_nodes, sources.evaluator)
+        roles[role] = actor.RoleWiring(builder, spec, replay_nodes, sources.evaluator)
     if cfg.eval_interval_s > 0:
         with program.group("evaluator", program_lib.Resources(num_cpus=0)):
             program.add_node(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gorila_jax import env_api, envs
-from gorila_jax.acting import actor, evaluation
+from gorila_jax.acting import evaluation, parts
 
 
 def _raw_sizes(env_id: str) -> dict[str, int]:
@@ -101,7 +101,7 @@ def test_episodes_of_a_dm_control_task_end_at_the_time_limit_and_are_counted():
     env = envs.make_env("CartpoleBalance-v1", 2, seed=0, max_episode_steps=10)
     try:
         obs, _ = env.reset()
-        tracker, valid, action = actor.EpisodeTracker(2), np.ones(2, bool), np.zeros((2, 1))
+        tracker, valid, action = parts.EpisodeTracker(2), np.ones(2, bool), np.zeros((2, 1))
         summed = np.zeros(2)
         for step in range(11):
             obs, reward, terminated, truncated, info = env.step(action)

@@ -15,7 +15,7 @@ from agents import sac
 from agents.sac import learning, policy
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, parallel, types
-from gorila_jax.acting import actor
+from gorila_jax.acting import parts
 from gorila_jax.gorila import mode
 from gorila_jax.learning import step as step_lib
 
@@ -248,7 +248,7 @@ def test_actors_act_uniformly_at_first_then_follow_the_policy():
     # One observation in every env: the policy's samples then share one distribution.
     obs = np.tile(np.random.default_rng(0).normal(size=(1, 3)), (4096, 1)).astype(np.float32)
     acting = builder.make_policy(SPEC, actor_index=0, num_actors=2, evaluation=False)
-    keys = actor.step_keys(jax.random.PRNGKey(1))  # a fresh key per step, as the actor hands
+    keys = parts.step_keys(jax.random.PRNGKey(1))  # a fresh key per step, as the actor hands
     assert policy.actor_random_steps(1000, num_actors=2) == 500
     assert policy.actor_random_steps(1000, num_actors=3) == 334  # rounded up, never short
     early = np.asarray(acting(params, obs, next(keys), 499))  # each of 2 actors: 500 random steps

@@ -13,7 +13,7 @@ import pytest
 from agents import dqn, ppo, sac
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
-from gorila_jax.acting import actor
+from gorila_jax.acting import actor, parts
 from gorila_jax.acting.settings import ActorSettings
 from tests.backends import DefaultReplayNode
 
@@ -140,10 +140,10 @@ def test_the_actor_hands_its_policy_a_different_key_each_step(replay_node):
 
 
 def test_step_keys_are_a_function_of_the_key_and_the_step_across_blocks():
-    steps = actor.KEY_BLOCK + 3  # into the second block
-    first = [key.tobytes() for _, key in zip(range(steps), actor.step_keys(jax.random.PRNGKey(0)))]
-    again = [key.tobytes() for _, key in zip(range(steps), actor.step_keys(jax.random.PRNGKey(0)))]
-    other = [key.tobytes() for _, key in zip(range(steps), actor.step_keys(jax.random.PRNGKey(1)))]
+    steps = parts.KEY_BLOCK + 3  # into the second block
+    first = [key.tobytes() for _, key in zip(range(steps), parts.step_keys(jax.random.PRNGKey(0)))]
+    again = [key.tobytes() for _, key in zip(range(steps), parts.step_keys(jax.random.PRNGKey(0)))]
+    other = [key.tobytes() for _, key in zip(range(steps), parts.step_keys(jax.random.PRNGKey(1)))]
     assert first == again
     assert len(set(first)) == steps
     assert not set(first) & set(other)
