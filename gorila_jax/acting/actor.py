@@ -16,6 +16,7 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
+from gorila_jax.acting import parts
 from gorila_jax.acting.parts import EpisodeTracker, ParameterPuller, actor_seeds, step_keys
 from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import program
@@ -112,26 +113,6 @@ class _RoleActing:
     @property
     def param_version(self) -> int:
         return self.puller.version if self.puller is not None else -1
-
-
-class _OneRole:
-    """A vector env as a task of one role, `None`: its arrays as {None: ...}."""
-
-    def __init__(self, env: Any):
-        self.env = env
-
-    def reset(self) -> dict[None, np.ndarray]:
-        obs, _ = self.env.reset()
-        return {None: obs}
-
-    def send(self, actions: dict[None, np.ndarray]) -> None:
-        self.env.send(actions[None])
-
-    def recv(self) -> dict[None, tuple]:
-        return {None: self.env.recv()}
-
-    def close(self) -> None:
-        self.env.close()
 
 
 class ActingNode(LimitedActing):
@@ -345,8 +326,8 @@ class ActorNode(ActingNode):
             {None: wiring}, actor_index, num_actors, monitor, seed, settings, restored_counters
         )
 
-    def _make_env(self) -> _OneRole:
-        return _OneRole(
+    def _make_env(self) -> parts.OneRole:
+        return parts.OneRole(
             envs.make_env(
                 self._spec.env_id,
                 self.settings.num_envs,

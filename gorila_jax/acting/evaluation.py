@@ -7,30 +7,50 @@ import numpy as np
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, types
-from gorila_jax.acting import parts
+from gorila_jax.acting import actor, parts
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 
 
-def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Array) -> np.ndarray:
-    """Plays one episode in each of `env`'s envs; returns their undiscounted returns [E].
+def run_role_episodes(
+    env: Any,
+    policies: dict[Any, builder_lib.Policy],
+    params: dict[Any, Any],
+    key: jax.Array,
+) -> dict[Any, np.ndarray]:
+    """One episode in each of `env`'s copies, every role acting with its own policy and
+    parameters; returns each role's undiscounted returns, one per row.
 
-    The policy gets a fresh key from `key` at each step, as an actor's does.
+    `env` is stepped as a task of roles (`parts.OneRole`, `role_actor.Roles`). The
+    policies get a fresh key from `key` at each step, as an actor's do (a task of one
+    role: `key`'s own; of several: `fold_in(key, i)` for the i-th role).
     """
-    obs, _ = env.reset()
-    num_envs = obs.shape[0]
-    returns = np.zeros(num_envs, np.float64)
-    done = np.zeros(num_envs, bool)
-    keys = parts.step_keys(key)
+    obs = env.reset()
+    returns = {role: np.zeros(len(rows), np.float64) for role, rows in obs.items()}
+    done = {role: np.zeros(len(rows), bool) for role, rows in obs.items()}
+    if set(obs) == {None}:
+        keys = {None: parts.step_keys(key)}
+    else:
+        keys = {role: parts.step_keys(jax.random.fold_in(key, i)) for i, role in enumerate(obs)}
     step = 0
-    while not done.all():
-        action, _ = builder_lib.split_policy_output(policy(params, obs, next(keys), step))
-        action = np.asarray(action)
-        obs, reward, terminated, truncated, _ = env.step(action)
-        returns += np.where(done, 0.0, reward)
-        done |= terminated | truncated
+    while not all(role_done.all() for role_done in done.values()):
+        actions = {}
+        for role in obs:
+            action, _ = builder_lib.split_policy_output(
+                policies[role](params[role], obs[role], next(keys[role]), step)
+            )
+            actions[role] = np.asarray(action)
+        for role, (next_obs, reward, terminated, truncated, _) in env.step(actions).items():
+            returns[role] += np.where(done[role], 0.0, reward)
+            done[role] |= terminated | truncated
+            obs[role] = next_obs
         step += 1
     return returns
+
+
+def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Array) -> np.ndarray:
+    """`run_role_episodes` of a vector env (a task of one role): the returns [E]."""
+    return run_role_episodes(parts.OneRole(env), {None: policy}, {None: params}, key)[None]
 
 
 def evaluate(
@@ -64,18 +84,105 @@ class EvaluatingWorker(program.Worker):
         super().stop()
 
 
-class EvaluatorNode(EvaluatingWorker):
-    """Evaluates the learner's newest parameters every `interval_s`, and once at the run's end.
+class EvaluatingNode(EvaluatingWorker):
+    """Evaluates the newest parameters every `interval_s`, and once at the run's end: of a
+    task's one role (`EvaluatorNode`) or of all its roles together (`RoleEvaluatorNode`).
+    Subclasses say which env (`_make_env`, stepped as a task of roles).
 
-    Each evaluation plays `num_episodes` greedy episodes and reports their
-    returns to the monitor, with the parameter version. Periodic evaluations
-    skip version 0 (the untrained network) and versions already evaluated.
-    `stop(final_evaluation=True)`, the driver's at the end of a run, adds
-    one last evaluation of the newest parameters unless they were evaluated
-    already: every run records an evaluation at its end whatever the
-    machine's speed, even a run too short for a periodic one (then of
-    version 0 if the learner has not stepped yet). `wait_finished` says
-    when it is in the monitor's history, which the final checkpoint keeps.
+    Each evaluation plays `num_episodes` greedy episodes and reports each role's
+    returns to the monitor, with that role's parameter version. An evaluation runs when
+    some role has parameters newer than those evaluated last; periodic ones skip version
+    0 (the untrained network). `stop(final_evaluation=True)`, the driver's at the end of
+    a run, adds one last evaluation of the newest parameters unless they were evaluated
+    already: every run records an evaluation at its end whatever the machine's speed,
+    even a run too short for a periodic one (then of version 0 if the learner has not
+    stepped yet). `wait_finished` says when it is in the monitor's history, which the
+    final checkpoint keeps.
+
+    Args:
+      roles: role -> `actor.RoleWiring` (its replay unused); {None: ...} for one role.
+      monitor: the monitor's client.
+      seed: root seed of the experiment.
+      num_episodes: episodes per evaluation (env copies).
+      interval_s: seconds between evaluations.
+    """
+
+    def __init__(
+        self,
+        roles: dict[Any, Any],
+        monitor: program.Client,
+        seed: int,
+        num_episodes: int,
+        interval_s: float,
+    ):
+        super().__init__()
+        self._specs = {role: wiring.spec for role, wiring in roles.items()}
+        self._builders = {role: wiring.builder for role, wiring in roles.items()}
+        self._sources = {
+            role: parameter_server.parameter_source(
+                wiring.params_from,
+                wiring.builder,
+                wiring.spec,
+                seed,
+                "evaluator" if role is None else f"evaluator/{role}",
+            )
+            for role, wiring in roles.items()
+        }
+        self._monitor = monitor
+        self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
+
+    def _make_env(self) -> Any:
+        raise NotImplementedError
+
+    def run(self) -> None:
+        env = self._make_env()
+        try:
+            policies = {
+                role: builder.make_policy(self._specs[role], 0, 1, evaluation=True)
+                for role, builder in self._builders.items()
+            }
+            key = jax.random.fold_in(jax.random.PRNGKey(self._seed), 2**20)
+            evaluated: dict[Any, int] = {}
+            while not self.sleep(self._interval_s):
+                evaluated = self._evaluate_newer(env, policies, key, evaluated, final=False)
+            if self._final_evaluation:
+                self._evaluate_newer(env, policies, key, evaluated, final=True)
+        finally:
+            env.close()
+            self._finished.set()
+
+    def _evaluate_newer(self, env, policies, key, evaluated: dict[Any, int], final: bool):
+        """Evaluates when some role has parameters newer than `evaluated` (past version 0
+        unless `final`); returns the versions evaluated."""
+        # A source answers None when it has nothing newer: no parameters cross for it.
+        answers = {
+            role: source.get_params(
+                evaluated.get(role, -1) if final else max(evaluated.get(role, -1), 0)
+            )
+            for role, source in self._sources.items()
+        }
+        if all(answer is None for answer in answers.values()):
+            return evaluated
+        for role, answer in answers.items():
+            if answer is None:  # not newer, but every role acts in the episodes
+                answers[role] = self._sources[role].get_params()
+        versions = {role: version for role, (version, _) in answers.items()}
+        params = {role: jax.device_put(p) for role, (_, p) in answers.items()}
+        returns = run_role_episodes(env, policies, params, key)
+        for role, role_returns in returns.items():
+            self._monitor.report_eval(role_returns.tolist(), versions[role], role=role)
+        return versions
+
+
+class EvaluatorNode(EvaluatingNode):
+    """The evaluator of a task of one role: greedy episodes of the agent's newest
+    parameters in `num_episodes` copies of `spec`'s env (`EvaluatingNode`).
+
+    Args:
+      builder: the agent.
+      spec: the environment's spec.
+      learner: where the parameters are (the learner, the Gorila shards, a cache).
+      monitor, seed, num_episodes, interval_s: as `EvaluatingNode`'s.
     """
 
     def __init__(
@@ -88,41 +195,13 @@ class EvaluatorNode(EvaluatingWorker):
         num_episodes: int,
         interval_s: float,
     ):
-        super().__init__()
-        self._builder, self._spec = builder, spec
-        self._learner = parameter_server.parameter_source(learner, builder, spec, seed, "evaluator")
-        self._monitor = monitor
-        self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
+        wiring = actor.RoleWiring(builder, spec, None, learner)
+        super().__init__({None: wiring}, monitor, seed, num_episodes, interval_s)
 
-    def run(self) -> None:
-        env = envs.make_env(
-            self._spec.env_id, self._num_episodes, seed=self._seed, evaluation=True, num_threads=1
+    def _make_env(self) -> parts.OneRole:
+        spec = self._specs[None]
+        return parts.OneRole(
+            envs.make_env(
+                spec.env_id, self._num_episodes, seed=self._seed, evaluation=True, num_threads=1
+            )
         )
-        try:
-            self._evaluate_until_stopped(env)
-        finally:
-            env.close()
-            self._finished.set()
-
-    def _evaluate_until_stopped(self, env: Any) -> None:
-        policy = self._builder.make_policy(self._spec, 0, 1, evaluation=True)
-        key = jax.random.fold_in(jax.random.PRNGKey(self._seed), 2**20)
-        evaluated = None  # the version evaluated last
-        while not self.sleep(self._interval_s):
-            # Version 0 is the initial, untrained network: not worth a periodic look.
-            version = self._evaluate_newer(env, policy, key, 0 if evaluated is None else evaluated)
-            evaluated = evaluated if version is None else version
-        if self._final_evaluation:
-            self._evaluate_newer(env, policy, key, -1 if evaluated is None else evaluated)
-
-    def _evaluate_newer(
-        self, env: Any, policy: builder_lib.Policy, key: jax.Array, newer_than: int
-    ) -> int | None:
-        """Evaluates the parameters if newer than `newer_than`; returns their version, or None."""
-        answer = self._learner.get_params(newer_than)
-        if answer is None:
-            return None
-        version, params = answer
-        returns = run_episodes(env, policy, jax.device_put(params), key)
-        self._monitor.report_eval(returns.tolist(), version)
-        return version

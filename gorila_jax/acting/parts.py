@@ -1,6 +1,6 @@
 """What every acting loop uses (actors, evaluators, recorders): a fresh key per step,
-an actor's seeds, the returns of finished episodes, and a parameter copy that is
-refreshed without blocking."""
+an actor's seeds, the returns of finished episodes, a parameter copy that is refreshed
+without blocking, and a vector env seen as a task of one role."""
 
 import concurrent.futures
 import itertools
@@ -97,3 +97,28 @@ class ParameterPuller:
         if pending is not None:
             concurrent.futures.wait([pending], timeout=60.0)
         parameter_server.close_source(self._learner)
+
+
+class OneRole:
+    """A vector env as a task of one role, `None`, the way acting and evaluation loops
+    step every task: role -> arrays. `send`/`recv` and `step` give role -> (observations,
+    rewards, terminated, truncated, info)."""
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    def reset(self) -> dict[None, np.ndarray]:
+        obs, _ = self.env.reset()
+        return {None: obs}
+
+    def send(self, actions: dict[None, np.ndarray]) -> None:
+        self.env.send(actions[None])
+
+    def recv(self) -> dict[None, tuple]:
+        return {None: self.env.recv()}
+
+    def step(self, actions: dict[None, np.ndarray]) -> dict[None, tuple]:
+        return {None: self.env.step(actions[None])}
+
+    def close(self) -> None:
+        self.env.close()

@@ -34,7 +34,8 @@ class _Monitor:
     def __init__(self):
         self.evaluations: list[tuple[int, int]] = []  # (param version, episodes)
 
-    def report_eval(self, returns: list[float], param_version: int) -> None:
+    def report_eval(self, returns: list[float], param_version: int, role=None) -> None:
+        assert role is None  # a task of one role
         self.evaluations.append((param_version, len(returns)))
 
 
