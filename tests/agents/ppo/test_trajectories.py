@@ -2,21 +2,17 @@
 real actor, Reverb queue and learner under the local launcher."""
 
 import dataclasses
-import functools
 
 import jax
 import numpy as np
 
 from agents import ppo
 from agents.ppo import learning
-from gorila_jax import builder as builder_lib
 from gorila_jax import envs, replay, types
-from gorila_jax.acting import actor
 from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import launchers, program
-from gorila_jax.learning import learner
-from tests import fakes
-from tests.backends import DefaultReplayNode, sampled_items
+from tests import fakes, programs
+from tests.backends import sampled_items
 
 SPEC = envs.env_spec("CartPole-v1")
 
@@ -112,29 +108,8 @@ NUM_ENVS = 4
 
 def _program(config=TINY) -> program.Program:
     """replay + learner (driven by hand) + one actor."""
-    builder = ppo.PPOBuilder(config)
-    graph = program.Program("ppo-nodes")
-    with graph.group("replay"):
-        replay_node = graph.add_node(
-            DefaultReplayNode, functools.partial(builder_lib.replay_tables, builder, SPEC)
-        )
-    with graph.group("learner"):
-        learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
-    with graph.group("actor"):
-        graph.add_node(
-            actor.ActorNode,
-            builder,
-            SPEC,
-            0,
-            1,
-            replay_node,
-            learner_node,
-            None,
-            0,
-            ActorSettings(num_envs=NUM_ENVS, param_pull_interval=1),
-        )
-    graph.node("learner").disable_run()
-    return graph
+    settings = ActorSettings(num_envs=NUM_ENVS, param_pull_interval=1)
+    return programs.replay_learner_and_actor(ppo.PPOBuilder(config), SPEC, settings, "ppo-nodes")
 
 
 def test_actor_chunks_reach_the_learner_once_and_a_full_queue_holds_the_actor():

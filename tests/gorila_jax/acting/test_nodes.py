@@ -10,12 +10,11 @@ import pytest
 from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
-from gorila_jax.acting import actor
 from gorila_jax.acting.settings import ActorSettings
 from gorila_jax.distributed import launchers, program
 from gorila_jax.learning import learner
 from gorila_jax.learning.settings import LearnerSettings
-from tests import fakes
+from tests import fakes, programs
 from tests.backends import DefaultReplayNode, first_batch
 
 SPEC = envs.env_spec("CartPole-v1")
@@ -34,29 +33,8 @@ CONFIG = dataclasses.replace(
 
 def _program(actor_steps: int, config: dqn.DQNConfig = CONFIG) -> program.Program:
     """replay + learner (driven by hand) + one actor with a step budget."""
-    builder = dqn.DQNBuilder(config)
-    graph = program.Program("nodes")
-    with graph.group("replay"):
-        replay_node = graph.add_node(
-            DefaultReplayNode, functools.partial(builder_lib.replay_tables, builder, SPEC)
-        )
-    with graph.group("learner"):
-        learner_node = graph.add_node(learner.LearnerNode, builder, SPEC, replay_node, None, 0)
-    with graph.group("actor"):
-        graph.add_node(
-            actor.ActorNode,
-            builder,
-            SPEC,
-            0,
-            1,
-            replay_node,
-            learner_node,
-            None,
-            0,
-            ActorSettings(num_envs=4, param_pull_interval=5, max_env_steps=actor_steps),
-        )
-    graph.node("learner").disable_run()
-    return graph
+    settings = ActorSettings(num_envs=4, param_pull_interval=5, max_env_steps=actor_steps)
+    return programs.replay_learner_and_actor(dqn.DQNBuilder(config), SPEC, settings)
 
 
 def test_actor_writes_consistent_n_step_transitions_and_learner_changes_priorities():
