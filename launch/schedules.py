@@ -2,7 +2,7 @@
 
 A preset fits its schedules (DQN's learning-rate cosine, importance-exponent anneal,
 batch growth and epsilon decay; PPO's learning-rate decay) to its own budget: the
-cartpole preset's cosine reaches 0 after 30,000 updates, the end of its 120k env
+cartpole preset's cosine reaches 0 after 15,000 updates, the end of its 120k env
 steps. Run with `--total_env_steps=500000`, it learned nothing after 120k (issue 36).
 Here each schedule keeps the part of the budget the preset gave it, measured in its
 unit at the run's own budget and rates: a schedule of the whole budget in updates

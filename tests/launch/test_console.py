@@ -85,17 +85,16 @@ def test_a_run_with_default_flags_names_its_log_file_first_and_keeps_others_line
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     # First what the run's budget made of the preset's schedules (launch/schedules.py):
-    # the cartpole preset's, of 120k env steps, fitted to this run's 1,500: 1,500 env
-    # steps x 16 samples per insert / 64 per batch updates. Epsilon decays over 2/15 of
-    # each actor's steps: 8k of 60k with the preset's 2 actors.
+    # the cartpole preset's, of 120k env steps, fitted to this run's 1,500. Epsilon
+    # decays over 2/15 of each actor's steps: 8k of 60k with the preset's 2 actors.
     assert lines[0] == (
-        "schedules for 1,500 env steps: learning_rate_decay_steps 375 updates, "
-        "importance_exponent_anneal_steps 375 updates, epsilon_decay_steps 200 env steps "
+        "schedules for 1,500 env steps: learning_rate_decay_steps 188 updates, "
+        "importance_exponent_anneal_steps 188 updates, epsilon_decay_steps 200 env steps "
         "per actor"
     )
     with open(logdir / "config.json") as f:
         agent_config = json.load(f)["agent_config"]
-    assert agent_config["learning_rate_decay_steps"] == 375
+    assert agent_config["learning_rate_decay_steps"] == 188
     assert agent_config["epsilon_decay_steps"] == 200
     first = FIRST_LINE.match(lines[1])
     assert first, result.stdout[:500]
