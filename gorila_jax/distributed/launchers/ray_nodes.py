@@ -153,4 +153,10 @@ def first_line(error: BaseException) -> str:
     cause = getattr(error, "cause", None)  # RayTaskError: the exception the node raised
     if isinstance(error, ray.exceptions.RayTaskError) and isinstance(cause, BaseException):
         error = cause
+    if isinstance(error, ray.exceptions.UnserializableException):
+        # Ray could not unpickle the node's exception (seen once in CI, for a plain
+        # RuntimeError) and kept only its formatted traceback, whose last line is the
+        # node's own `Type: message`.
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        return lines[-1]
     return text.first_line(error)

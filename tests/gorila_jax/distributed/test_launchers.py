@@ -7,12 +7,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import weakref
 
 import psutil
 import pytest
+import ray.exceptions
 
 from gorila_jax.distributed import launchers, program
+from gorila_jax.distributed.launchers import ray_nodes
 from tests import fakes
 
 
@@ -232,3 +235,14 @@ def test_joining_a_cluster_with_another_token_names_the_refused_token(monkeypatc
             launchers.launch(graph, "ray", address=head.address)
     finally:
         head.stop()
+
+
+def test_a_node_exception_ray_could_not_unpickle_is_still_reported_by_its_own_line():
+    # Ray keeps the formatted traceback of an exception it cannot unpickle; a CI run
+    # once got one for the test above.
+    try:
+        raise RuntimeError("corrupted record at 0")
+    except RuntimeError as error:
+        formatted = "".join(traceback.format_exception(error))
+    unpickled = ray.exceptions.UnserializableException(formatted)
+    assert ray_nodes.first_line(unpickled) == "RuntimeError: corrupted record at 0"
