@@ -31,7 +31,7 @@ class LimitedActing(program.Worker):
 
     def __init__(self, settings: ActorSettings):
         super().__init__()
-        self._settings = settings
+        self.settings = settings
         self._env_step_limit: int | None = None
         self._limit_issued = -1
         self._limit_lock = threading.Lock()
@@ -56,7 +56,7 @@ class LimitedActing(program.Worker):
 
     def budget_spent(self) -> bool:
         """Whether the node has acted its settings' `max_env_steps` (never at 0)."""
-        return 0 < self._settings.max_env_steps <= self.env_steps_now()
+        return 0 < self.settings.max_env_steps <= self.env_steps_now()
 
     def at_env_step_limit(self) -> bool:
         """Whether the node is at its limit (then after a short wait: call it again)."""
@@ -148,7 +148,7 @@ class ActingNode(LimitedActing):
     ):
         super().__init__(settings)
         self.name = f"actor/{actor_index}"
-        self.actor_index, self.num_actors, self.settings = actor_index, num_actors, settings
+        self.actor_index, self.num_actors = actor_index, num_actors
         self._monitor = monitor
         restored = dict(restored_counters or {})
         self._env_seed, policy_key = actor_seeds(
