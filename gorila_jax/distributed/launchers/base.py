@@ -45,11 +45,20 @@ class HostedNode:
         self._node: Any = None
         self._construct_error: str | None = None
         self._built = threading.Event()
+        # The launcher may stop a program while a node is still being built (CI, loaded:
+        # one producer counting, the other not built yet); the node then stops as soon
+        # as it exists, and its `run` never starts (`stop_requested`).
+        self._stop_lock = threading.Lock()
+        self._stop_requested = False
 
     def construct(self, constructor: Callable[..., Any], args: tuple, kwargs: dict) -> int:
         """Builds the node; returns this process's id."""
         try:
-            self._node = constructor(*args, **kwargs)
+            node = constructor(*args, **kwargs)
+            with self._stop_lock:
+                self._node = node
+                if self._stop_requested and hasattr(node, "stop"):
+                    node.stop()
         except BaseException as error:
             self._construct_error = repr(error)
             raise
@@ -63,9 +72,16 @@ class HostedNode:
             raise program_lib.NodeError(self._name, f"construction failed: {self._construct_error}")
         return self._node
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stop_requested
+
     def stop(self) -> None:
-        if self._built.is_set() and hasattr(self._node, "stop"):
-            self._node.stop()
+        with self._stop_lock:
+            self._stop_requested = True
+            node = self._node
+        if node is not None and hasattr(node, "stop"):
+            node.stop()
 
     def close(self) -> None:
         if self._built.is_set() and hasattr(self._node, "close"):

@@ -85,8 +85,11 @@ class NodeHost(base.HostedNode):
                     traceback.format_exception_only(type(error), error)
                 ).strip()[-2000:]
 
-        self._run_thread = threading.Thread(target=run, name=self._name, daemon=True)
-        self._run_thread.start()
+        with self._stop_lock:  # a `stop` before this point: `wait_run` will find no thread
+            if self.stop_requested:
+                return
+            self._run_thread = threading.Thread(target=run, name=self._name, daemon=True)
+            self._run_thread.start()
 
     def status(self) -> dict[str, Any]:
         """Whether the node's `run` is still going, and how it failed (construction shows in
@@ -98,10 +101,12 @@ class NodeHost(base.HostedNode):
 
     def wait_run(self, timeout_s: float) -> bool:
         """True once the node's `run` has returned (or it has none)."""
-        if self._run_thread is None:
+        with self._stop_lock:
+            thread = self._run_thread
+        if thread is None:
             return True
-        self._run_thread.join(timeout_s)
-        return not self._run_thread.is_alive()
+        thread.join(timeout_s)
+        return not thread.is_alive()
 
 
 def host_client(address: str, timeout_s: float | None = None, probe: bool = False) -> Any:

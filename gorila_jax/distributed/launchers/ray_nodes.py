@@ -31,7 +31,7 @@ class NodeActor(base.HostedNode):
 
     def run(self) -> None:
         node = self._get()
-        if hasattr(node, "run"):
+        if hasattr(node, "run") and not self.stop_requested:
             node.run()
 
     def watch(self) -> None:

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import weakref
@@ -246,3 +247,28 @@ def test_a_node_exception_ray_could_not_unpickle_is_still_reported_by_its_own_li
         formatted = "".join(traceback.format_exception(error))
     unpickled = ray.exceptions.UnserializableException(formatted)
     assert ray_nodes.first_line(unpickled) == "RuntimeError: corrupted record at 0"
+
+
+def test_a_node_stopped_while_it_is_being_built_stops_once_built_and_never_runs():
+    # A launcher's stop can reach a host before its node is built (CI, loaded: one
+    # producer counting, the other still in its constructor). The node a Ray actor
+    # hosts, driven in this process as Ray drives it: construct, run, stop.
+    building = threading.Event()
+    release = threading.Event()
+
+    def slow_producer():
+        building.set()
+        release.wait(30)
+        return fakes.Producer("producer/0", counter=None, limit=0)
+
+    host = ray_nodes.NodeActor("producer/0")
+    constructing = threading.Thread(target=host.construct, args=(slow_producer, (), {}))
+    constructing.start()
+    assert building.wait(30)
+    host.stop()
+    release.set()
+    constructing.join(30)
+    node = host._get()
+    assert node.stopping
+    host.run()  # returns at once: the counter is None, so a started loop would raise
+    assert node.produced == 0

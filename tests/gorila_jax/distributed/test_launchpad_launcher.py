@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("launchpad", reason="the DeepMind set only: DEEPMIND=1 bash tests/run.sh")
 
 from gorila_jax.distributed import launchers, program  # noqa: E402
+from gorila_jax.distributed.launchers import launchpad_nodes  # noqa: E402
 from tests import REPO
 from tests import fakes  # noqa: E402
 
@@ -101,6 +102,17 @@ def test_local_mt_stop_ends_every_node_thread(tmp_path):
     running.stop()
     # The nodes' `run` threads and Launchpad's thread of each node (named by group).
     assert not [t.name for t in threading.enumerate() if t.name.startswith(("counter", "producer"))]
+
+
+def test_a_node_stopped_before_it_was_built_starts_no_run_thread():
+    # The stop that CI once raced: it reached producer/0's host while the node was still
+    # being built, and the run thread started afterwards outlived `stop`.
+    host = launchpad_nodes.NodeHost("producer/0")
+    host.stop()
+    host.construct(fakes.Producer, ("producer/0", None), {})
+    host.start_node_run()
+    assert host._get().stopping
+    assert host.wait_run(0.0) and not fakes.threads_named("producer/0")
 
 
 def test_what_launchpad_cannot_do_fails_at_once_with_what_to_use(tmp_path):
