@@ -97,8 +97,8 @@ def declared_cpus(flags: Sequence[str], role: str | None = None) -> float:
     """
     from absl import flags as absl_flags
 
-    from gorila_jax import envs, multiagent
-    from gorila_jax.run import experiment, role_program
+    from gorila_jax import multiagent
+    from gorila_jax.run import experiment
     from launch import train
 
     registry = absl_flags.FLAGS
@@ -125,11 +125,7 @@ def declared_cpus(flags: Sequence[str], role: str | None = None) -> float:
             raise SweepError(
                 f"--role={role}: the runs' task {exp_config.env_id} has no such role; {has}"
             )
-        if roles:
-            program = role_program.make_program(builder, exp_config)
-        else:
-            spec = envs.env_spec(exp_config.env_id)
-            program = experiment.make_program(builder, exp_config, spec)
+        program = experiment.make_program(builder, exp_config)
     except SystemExit as error:
         message = stderr.getvalue().strip() or str(error.code)
         raise SweepError(f"{message.removeprefix('error: ')} (in {' '.join(flags)})") from None

@@ -121,8 +121,7 @@ class ActingNode(LimitedActing):
 
     Parameters are pulled every `settings.param_pull_interval` actor steps (one step = one
     vectorized env step) as a future: acting goes on with the old parameters until the
-    new ones arrive. Subclasses say which env (`_make_env`: role -> arrays, with
-    `reset`, `send`, `recv` and `close`).
+    new ones arrive. The env is the roles' task as `parts.task_env` makes it.
 
     Args:
       roles: role -> `RoleWiring`; {None: ...} for a task of one role.
@@ -167,8 +166,11 @@ class ActingNode(LimitedActing):
             for i, (role, wiring) in enumerate(sorted(roles.items(), key=lambda r: str(r[0])))
         }
 
-    def _make_env(self) -> Any:
-        raise NotImplementedError
+    def _make_env(self) -> parts.OneRole | parts.Roles:
+        env_id = next(iter(self._roles.values())).spec.env_id  # every role's is the task's
+        return parts.task_env(
+            env_id, self.settings.num_envs, self._env_seed, num_threads=self.settings.env_threads
+        )
 
     def run(self) -> None:
         # Beats from its own thread: a hung env shows as a stall, not a death.
@@ -320,18 +322,7 @@ class ActorNode(ActingNode):
         settings: ActorSettings,
         restored_counters: dict[str, int] | None = None,
     ):
-        self._spec = spec
         wiring = RoleWiring(builder, spec, replay_client, learner)
         super().__init__(
             {None: wiring}, actor_index, num_actors, monitor, seed, settings, restored_counters
-        )
-
-    def _make_env(self) -> parts.OneRole:
-        return parts.OneRole(
-            envs.make_env(
-                self._spec.env_id,
-                self.settings.num_envs,
-                seed=self._env_seed,
-                num_threads=self.settings.env_threads,
-            )
         )

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, types
-from gorila_jax.acting import actor, parts
+from gorila_jax import types
+from gorila_jax.acting import parts
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 
@@ -21,7 +21,7 @@ def run_role_episodes(
     """One episode in each of `env`'s copies, every role acting with its own policy and
     parameters; returns each role's undiscounted returns, one per row.
 
-    `env` is stepped as a task of roles (`parts.OneRole`, `role_actor.Roles`). The
+    `env` is stepped as a task of roles (`parts.OneRole`, `parts.Roles`). The
     policies get a fresh key from `key` at each step, as an actor's do (a task of one
     role: `key`'s own; of several: `fold_in(key, i)` for the i-th role).
     """
@@ -53,6 +53,29 @@ def run_episodes(env: Any, policy: builder_lib.Policy, params: Any, key: jax.Arr
     return run_role_episodes(parts.OneRole(env), {None: policy}, {None: params}, key)[None]
 
 
+def evaluate_task(
+    env_id: str,
+    builders: dict[Any, builder_lib.AgentBuilder],
+    specs: dict[Any, types.EnvSpec],
+    params: dict[Any, Any],
+    num_episodes: int,
+    seed: int,
+) -> dict[Any, np.ndarray]:
+    """Each role's returns (one per agent row) over `num_episodes` episodes of every
+    role's evaluation policy acting together in `env_id` (`parts.task_env`); the roles of
+    a task of one role: {None: ...}. A run's final evaluation."""
+    env = parts.task_env(env_id, num_episodes, seed, evaluation=True)
+    try:
+        policies = {
+            role: builder.make_policy(specs[role], 0, 1, evaluation=True)
+            for role, builder in builders.items()
+        }
+        on_device = {role: jax.device_put(p) for role, p in params.items()}
+        return run_role_episodes(env, policies, on_device, jax.random.PRNGKey(seed))
+    finally:
+        env.close()
+
+
 def evaluate(
     builder: builder_lib.AgentBuilder,
     spec: types.EnvSpec,
@@ -60,13 +83,9 @@ def evaluate(
     num_episodes: int,
     seed: int,
 ) -> np.ndarray:
-    """Returns of `num_episodes` episodes of the agent's evaluation policy."""
-    env = envs.make_env(spec.env_id, num_episodes, seed=seed, evaluation=True)
-    try:
-        policy = builder.make_policy(spec, 0, 1, evaluation=True)
-        return run_episodes(env, policy, jax.device_put(params), jax.random.PRNGKey(seed))
-    finally:
-        env.close()
+    """`evaluate_task` of a task of one role: the returns [num_episodes * agents_per_env]."""
+    one = {None: builder}, {None: spec}, {None: params}
+    return evaluate_task(spec.env_id, *one, num_episodes, seed)[None]
 
 
 class EvaluatingWorker(program.Worker):
@@ -86,8 +105,7 @@ class EvaluatingWorker(program.Worker):
 
 class EvaluatingNode(EvaluatingWorker):
     """Evaluates the newest parameters every `interval_s`, and once at the run's end: of a
-    task's one role (`EvaluatorNode`) or of all its roles together (`RoleEvaluatorNode`).
-    Subclasses say which env (`_make_env`, stepped as a task of roles).
+    task's one role, or of all its roles acting together in one env (`parts.task_env`).
 
     Each evaluation plays `num_episodes` greedy episodes and reports each role's
     returns to the monitor, with that role's parameter version. An evaluation runs when
@@ -131,8 +149,11 @@ class EvaluatingNode(EvaluatingWorker):
         self._monitor = monitor
         self._seed, self._num_episodes, self._interval_s = seed, num_episodes, interval_s
 
-    def _make_env(self) -> Any:
-        raise NotImplementedError
+    def _make_env(self) -> parts.OneRole | parts.Roles:
+        env_id = next(iter(self._specs.values())).env_id  # every role's is the task's
+        return parts.task_env(
+            env_id, self._num_episodes, self._seed, evaluation=True, num_threads=1
+        )
 
     def run(self) -> None:
         env = self._make_env()
@@ -172,36 +193,3 @@ class EvaluatingNode(EvaluatingWorker):
         for role, role_returns in returns.items():
             self._monitor.report_eval(role_returns.tolist(), versions[role], role=role)
         return versions
-
-
-class EvaluatorNode(EvaluatingNode):
-    """The evaluator of a task of one role: greedy episodes of the agent's newest
-    parameters in `num_episodes` copies of `spec`'s env (`EvaluatingNode`).
-
-    Args:
-      builder: the agent.
-      spec: the environment's spec.
-      learner: where the parameters are (the learner, the Gorila shards, a cache).
-      monitor, seed, num_episodes, interval_s: as `EvaluatingNode`'s.
-    """
-
-    def __init__(
-        self,
-        builder: builder_lib.AgentBuilder,
-        spec: types.EnvSpec,
-        learner: program.Client | list[program.Client],
-        monitor: program.Client,
-        seed: int,
-        num_episodes: int,
-        interval_s: float,
-    ):
-        wiring = actor.RoleWiring(builder, spec, None, learner)
-        super().__init__({None: wiring}, monitor, seed, num_episodes, interval_s)
-
-    def _make_env(self) -> parts.OneRole:
-        spec = self._specs[None]
-        return parts.OneRole(
-            envs.make_env(
-                spec.env_id, self._num_episodes, seed=self._seed, evaluation=True, num_threads=1
-            )
-        )

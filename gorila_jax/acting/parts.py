@@ -1,6 +1,6 @@
 """What every acting loop uses (actors, evaluators, recorders): a fresh key per step,
 an actor's seeds, the returns of finished episodes, a parameter copy that is refreshed
-without blocking, and a vector env seen as a task of one role."""
+without blocking, and an env seen as a task of roles (`task_env`)."""
 
 import concurrent.futures
 import itertools
@@ -9,6 +9,7 @@ from typing import Any, Iterator
 import jax
 import numpy as np
 
+from gorila_jax import envs, multiagent
 from gorila_jax.distributed import program
 from gorila_jax.gorila import parameter_server
 
@@ -122,3 +123,44 @@ class OneRole:
 
     def close(self) -> None:
         self.env.close()
+
+
+class Roles:
+    """An MPE task of several roles as the acting and evaluation loops step it: `send`
+    holds each role's actions, `recv` steps every copy with them; `step` does both
+    (info: none)."""
+
+    def __init__(self, env: multiagent.MultiAgentVectorEnv):
+        self.env, self._actions = env, None
+
+    def reset(self) -> dict[str, np.ndarray]:
+        return self.env.reset()
+
+    def send(self, actions: dict[str, np.ndarray]) -> None:
+        self._actions = actions
+
+    def recv(self) -> dict[str, tuple]:
+        return self.step(self._actions)
+
+    def step(self, actions: dict[str, np.ndarray]) -> dict[str, tuple]:
+        return {role: (*stepped, {}) for role, stepped in self.env.step(actions).items()}
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def task_env(
+    env_id: str,
+    num_envs: int,
+    seed: int,
+    evaluation: bool = False,
+    num_threads: int | None = None,
+) -> OneRole | Roles:
+    """`num_envs` copies of `env_id` as every acting and evaluation loop steps them, role
+    -> arrays: a task of several roles (`multiagent.roles_of`) as `Roles`, any other env
+    as `OneRole` (`envs.make_env`, with its `evaluation` preprocessing and, if given,
+    `num_threads`; the settings refuse a thread pool for a task of several roles)."""
+    if multiagent.roles_of(env_id):
+        return Roles(multiagent.MultiAgentVectorEnv(env_id, num_envs, seed))
+    threads = {} if num_threads is None else {"num_threads": num_threads}
+    return OneRole(envs.make_env(env_id, num_envs, seed=seed, evaluation=evaluation, **threads))

@@ -1,4 +1,6 @@
-"""The program of a multi-agent task with several roles: one group per role.
+"""What a run of a multi-agent task with several roles adds to a plain run: its checks,
+a config and checkpoints per role, each role's final parameters and evaluation, and each
+role's metric columns. Its program is `wiring.make_program`'s.
 
 Role r of `mpe/simple_tag_v3` (predators `adversary`, prey `agent`) has its own
 replay (`replay@r/...`), its own learner (`learner@r/0`) or, in Gorila mode, its
@@ -12,17 +14,14 @@ a restarted learner of one role resumes from that role's checkpoint while the
 other roles go on. docs/multiagent.md has the rest.
 """
 
-import dataclasses
 from typing import Any
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import multiagent
-from gorila_jax.acting import actor, role_actor
-from gorila_jax.distributed import program as program_lib
+from gorila_jax.acting import evaluation
 from gorila_jax.gorila import mode
-from gorila_jax.health import monitor
 from gorila_jax.learning import checkpoint
-from gorila_jax.run import combinations, learning_modes, replay_wiring, wiring
+from gorila_jax.run import combinations, learning_modes, wiring
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
@@ -71,82 +70,6 @@ def prepare_logdir(
     return restored if cfg.resume else None
 
 
-def newest_meta(resume: dict[str, checkpoint.Restored] | None) -> dict[str, Any]:
-    """The meta of the roles' newest checkpoint (the monitor's state, every node's
-    counters, at the latest time any role saved); {} for a new run."""
-    if not resume:
-        return {}
-    return max((r.meta for r in resume.values()), key=lambda meta: meta.get("unix_time", 0))
-
-
-def make_program(
-    builders: dict[str, builder_lib.AgentBuilder],
-    cfg: ExperimentConfig,
-    resume: dict[str, checkpoint.Restored] | None = None,
-) -> program_lib.Program:
-    """The graph: a monitor; per role a replay and a learner (or Gorila workers and
-    shards); actors and an evaluator acting for every role.
-
-    With `resume`, each role's replay and learner (or shards) start from that role's
-    checkpoint, and the monitor and actors from the newest role checkpoint's meta.
-    """
-    specs = multiagent.role_specs(cfg.env_id)
-    meta = newest_meta(resume)
-    restored_counters = meta.get("node_counters", {})
-    learning_cfg = cfg
-    if cfg.launcher == "local":
-        # One device each (not all of them, the default): see `check_run`.
-        learning_cfg = dataclasses.replace(cfg, num_learner_devices=1)
-    program = program_lib.Program("roles")
-    with program.group("monitor", program_lib.Resources(num_cpus=0)):
-        monitor_node = program.add_node(monitor.MonitorNode, restored=meta, roles=tuple(builders))
-    roles = {}
-    for role in sorted(builders):
-        builder, spec = builders[role], specs[role]
-        restore_step = resume[role].step if resume else None
-        replay_nodes = replay_wiring.add_replay_shards(
-            program, builder, cfg, spec, restore_step, role
-        )
-        sources = wiring.add_learning(
-            program,
-            builder,
-            learning_cfg,
-            spec,
-            (replay_nodes, monitor_node),
-            restore_step,
-            restored_counters,
-            role,
-        )
-        # Every actor of a role reads one source (role groups refuse federated runs).
-        roles[role] = actor.RoleWiring(builder, spec, replay_nodes, sources.evaluator)
-    if cfg.eval_interval_s > 0:
-        with program.group("evaluator", program_lib.Resources(num_cpus=0)):
-            program.add_node(
-                role_actor.RoleEvaluatorNode,
-                cfg.env_id,
-                roles,
-                monitor_node,
-                cfg.seed,
-                cfg.eval_episodes,
-                cfg.eval_interval_s,
-            )
-    with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
-        for index in range(cfg.num_actors):
-            handle = program.add_node(
-                role_actor.RoleActorNode,
-                cfg.env_id,
-                roles,
-                index,
-                cfg.num_actors,
-                monitor_node,
-                cfg.seed,
-                cfg.actor_settings(),
-                restored_counters=wiring.int_counters(restored_counters.get(f"actor/{index}")),
-            )
-            program.node(handle.name).restartable(monitor.continue_counters)
-    return program
-
-
 def final_params(
     running: Any, builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConfig
 ) -> dict[str, tuple[int, Any]]:
@@ -167,9 +90,10 @@ def final_evaluation(
     """Each role's final greedy return per agent (all roles acting greedily together)."""
     if reason == "interrupted":
         return {role: {"final_eval_return": None, "final_eval_episodes": 0} for role in builders}
-    returns = role_actor.evaluate_roles(
+    returns = evaluation.evaluate_task(
         cfg.env_id,
         builders,
+        multiagent.role_specs(cfg.env_id),
         {role: p for role, (_, p) in params.items()},
         cfg.eval_episodes,
         cfg.seed + 1,

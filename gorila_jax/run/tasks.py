@@ -160,10 +160,10 @@ class RoleGroups:
 
     def prepare(self) -> program_lib.Program:
         self._resume = role_program.prepare_logdir(self._builders, self._cfg)
-        return role_program.make_program(self._builders, self._cfg, self._resume)
+        return make_program(self._builders, self._cfg, resume=self._resume)
 
     def resume_meta(self) -> dict[str, Any]:
-        return role_program.newest_meta(self._resume)
+        return wiring.newest_meta(self._resume)
 
     def resumed_from(self) -> dict[str, int] | None:
         return {role: r.step for role, r in self._resume.items()} if self._resume else None

@@ -4,17 +4,19 @@
 live_actors.py changes a running one's actors (elastic actors) with the same wiring.
 """
 
+import dataclasses
 from typing import Any, Callable
 
-
 from gorila_jax import builder as builder_lib
-from gorila_jax import demonstrations, replay, types
-from gorila_jax.acting import actor, evaluation, param_cache
+from gorila_jax import demonstrations, envs, multiagent, replay, types
+from gorila_jax.acting import actor, evaluation, param_cache, role_actor
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.health import balance, monitor
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import combinations, learning_modes, replay_wiring
 from gorila_jax.run.experiment_config import ExperimentConfig
+
+Builders = builder_lib.AgentBuilder | dict[str, builder_lib.AgentBuilder]
 
 
 def check_program(
@@ -42,29 +44,79 @@ def check_program(
     replay_wiring.check_replay_tables(builder, cfg, spec)
 
 
-def make_program(
-    builder: builder_lib.AgentBuilder,
-    cfg: ExperimentConfig,
-    spec: types.EnvSpec,
-    resume: checkpoint.Restored | None = None,
-) -> program_lib.Program:
-    """The Gorila graph: replay, monitor, learner, actors and an evaluator.
+def task_roles(
+    builder: Builders, env_id: str, spec: types.EnvSpec | None = None
+) -> tuple[dict[Any, builder_lib.AgentBuilder], dict[Any, types.EnvSpec]]:
+    """role -> agent and role -> spec of the task `env_id`: {None: ...} for a task of one
+    role (of `spec`, if given), each role of a task of several (`multiagent.roles_of`),
+    where `builder` is one agent for every role or role -> agent."""
+    roles = multiagent.roles_of(env_id)
+    if not roles:
+        return {None: builder}, {None: spec or envs.env_spec(env_id)}
+    builders = builder if isinstance(builder, dict) else dict.fromkeys(roles, builder)
+    return builders, multiagent.role_specs(env_id)
 
-    With `resume`, every node starts from that checkpoint: learner state and
-    replay from its step, counters, returns and evaluations from its meta.
+
+def newest_meta(resume: dict[Any, checkpoint.Restored] | None) -> dict[str, Any]:
+    """The meta of the roles' newest checkpoint (the monitor's state, every node's
+    counters, at the latest time any role saved); {} for a new run."""
+    if not resume:
+        return {}
+    return max((r.meta for r in resume.values()), key=lambda meta: meta.get("unix_time", 0))
+
+
+def make_program(
+    builder: Builders,
+    cfg: ExperimentConfig,
+    spec: types.EnvSpec | None = None,
+    resume: checkpoint.Restored | dict[str, checkpoint.Restored] | None = None,
+) -> program_lib.Program:
+    """The Gorila graph of a task (`task_roles`): a monitor; per role a replay and what
+    learns from it (`add_learning`: a learner, Gorila workers and shards, federated
+    clients); actors and an evaluator acting for every role.
+
+    A task of one role has the groups `replay`, `learner`, ...; each role r of a task of
+    several has its own, `replay@r`, `learner@r`, ... (docs/multiagent.md), with its
+    config and checkpoints in `checkpoint.role_logdir`.
+
+    With `resume` (a task of several roles: role -> checkpoint), every node starts from
+    it: a role's learning state and replay from its checkpoint's step, counters, returns
+    and evaluations from the newest checkpoint's meta.
     """
-    program = program_lib.Program("gorila")
-    restore_step = resume.step if resume else None
-    meta = resume.meta if resume else {}
-    replay_nodes = replay_wiring.add_replay_shards(program, builder, cfg, spec, restore_step)
-    with program.group("monitor", program_lib.Resources(num_cpus=0)):
-        monitor_node = program.add_node(monitor.MonitorNode, restored=meta)
+    builders, specs = task_roles(builder, cfg.env_id, spec)
+    resumed = {None: resume} if isinstance(resume, checkpoint.Restored) else resume
+    meta = newest_meta(resumed)
     restored_counters = meta.get("node_counters", {})
-    sources = add_learning(
-        program, builder, cfg, spec, (replay_nodes, monitor_node), restore_step, restored_counters
-    )
-    nodes = (replay_nodes, sources, monitor_node)
-    _add_actors_and_evaluator(program, builder, cfg, spec, nodes, restored_counters)
+    roles = tuple(role for role in builders if role is not None)
+    learning_cfg = cfg
+    if roles and cfg.launcher == "local":
+        # Every role's learner pmaps in this one process: one device each, never a
+        # shared set that all of them pmap over (the default, all devices).
+        learning_cfg = dataclasses.replace(cfg, num_learner_devices=1)
+    program = program_lib.Program("roles" if roles else "gorila")
+    with program.group("monitor", program_lib.Resources(num_cpus=0)):
+        monitor_node = program.add_node(monitor.MonitorNode, restored=meta, roles=roles)
+    wirings, sources = {}, {}
+    for role in sorted(builders, key=str):
+        restore_step = resumed[role].step if resumed else None
+        role_builder, role_spec = builders[role], specs[role]
+        replay_nodes = replay_wiring.add_replay_shards(
+            program, role_builder, cfg, role_spec, restore_step, role
+        )
+        where = (replay_nodes, monitor_node)
+        sources[role] = add_learning(
+            program, role_builder, learning_cfg, role_spec, where, restore_step,
+            restored_counters, role,
+        )  # fmt: skip
+        wirings[role] = actor.RoleWiring(
+            role_builder, role_spec, replay_nodes, sources[role].evaluator
+        )
+    add_evaluator(program, cfg, wirings, monitor_node)
+    if roles:
+        _add_role_actors(program, cfg, wirings, monitor_node, restored_counters)
+    else:
+        nodes = (wirings[None].replay, sources[None], monitor_node)
+        _add_actors(program, builders[None], cfg, specs[None], nodes, restored_counters)
     return program
 
 
@@ -92,7 +144,7 @@ def add_learning(
     return learning_modes.of(cfg).add_nodes(program, builder, cfg, spec, where)
 
 
-def _add_actors_and_evaluator(
+def _add_actors(
     program: program_lib.Program,
     builder: builder_lib.AgentBuilder,
     cfg: ExperimentConfig,
@@ -100,11 +152,10 @@ def _add_actors_and_evaluator(
     nodes: tuple,
     restored_counters: dict[str, dict[str, int]],
 ) -> None:
-    """Actors, and the evaluator if evaluations are on, wired to `nodes` = (replay nodes,
-    parameter sources, monitor); the sources are the learner's, the Gorila shards or the
-    federated clients and coordinator."""
+    """The actors of a task of one role, wired to `nodes` = (replay nodes, parameter
+    sources, monitor); the sources are the learner's, the Gorila shards or the federated
+    clients and coordinator, or a parameter cache per actor host."""
     replay_nodes, sources, monitor_node = nodes
-    add_evaluator(program, builder, cfg, spec, sources.evaluator, monitor_node)
     # Caches serve runs whose actors all read one source (their settings check refuses
     # them in federated runs).
     caches = _add_param_caches(
@@ -127,22 +178,46 @@ def _add_actors_and_evaluator(
             program.node(handle.name).restartable(monitor.continue_counters)
 
 
+def _add_role_actors(
+    program: program_lib.Program,
+    cfg: ExperimentConfig,
+    wirings: dict[str, actor.RoleWiring],
+    monitor_node: program_lib.Handle,
+    restored_counters: dict[str, dict[str, int]],
+) -> None:
+    """The actors of a task of several roles: each acts for every role, reading each
+    role's one source (role groups refuse federated runs and caches)."""
+    with program.group("actor", program_lib.Resources(cfg.cpus_per_actor)):
+        for index in range(cfg.num_actors):
+            handle = program.add_node(
+                role_actor.RoleActorNode,
+                cfg.env_id,
+                wirings,
+                index,
+                cfg.num_actors,
+                monitor_node,
+                cfg.seed,
+                cfg.actor_settings(),
+                restored_counters=int_counters(restored_counters.get(f"actor/{index}")),
+            )
+            program.node(handle.name).restartable(monitor.continue_counters)
+
+
 def add_evaluator(
     program: program_lib.Program,
-    builder: builder_lib.AgentBuilder,
     cfg: ExperimentConfig,
-    spec: types.EnvSpec,
-    params_from: Any,
+    wirings: dict[Any, actor.RoleWiring],
     monitor_node: program_lib.Handle,
 ) -> None:
-    """The evaluator, reading `params_from`, if evaluations are on."""
+    """The evaluator of every role (each reading its role's `params_from`), if evaluations
+    are on."""
     if cfg.eval_interval_s > 0:
+        # It reads no replay: not a node it depends on (placement, restarts).
+        reads = {role: wiring._replace(replay=None) for role, wiring in wirings.items()}
         with program.group("evaluator", program_lib.Resources(num_cpus=0)):
             program.add_node(
-                evaluation.EvaluatorNode,
-                builder,
-                spec,
-                params_from,
+                evaluation.EvaluatingNode,
+                reads,
                 monitor_node,
                 cfg.seed,
                 cfg.eval_episodes,

@@ -9,7 +9,7 @@ import numpy as np
 from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
-from gorila_jax.acting import evaluation
+from gorila_jax.acting import actor, evaluation
 from tests import fakes
 
 SPEC = envs.env_spec("CartPole-v1")
@@ -41,7 +41,8 @@ class _Monitor:
 
 def _start(learner: _Learner, interval_s: float):
     monitor = _Monitor()
-    node = evaluation.EvaluatorNode(BUILDER, SPEC, learner, monitor, 0, 2, interval_s)
+    roles = {None: actor.RoleWiring(BUILDER, SPEC, None, learner)}  # a task of one role
+    node = evaluation.EvaluatingNode(roles, monitor, 0, 2, interval_s)
     thread = threading.Thread(target=node.run, daemon=True)
     thread.start()
     return node, monitor, thread

@@ -65,7 +65,7 @@ def _experiment(logdir, **overrides) -> experiment.ExperimentConfig:
 
 def test_each_role_has_its_own_replay_and_learner_and_shares_actors_and_monitor(tmp_path):
     builders = _ppo_builders()
-    program = role_program.make_program(builders, _experiment(tmp_path))
+    program = experiment.make_program(builders, _experiment(tmp_path))
     assert set(program.groups) == {
         "monitor",
         "replay@adversary",
@@ -102,7 +102,7 @@ def test_each_role_has_its_own_replay_and_learner_and_shares_actors_and_monitor(
 
 def test_in_gorila_mode_each_roles_workers_push_to_that_roles_shards_only(tmp_path):
     cfg = _experiment(tmp_path, learner_mode="gorila", num_learners=2, num_ps_shards=2)
-    program = role_program.make_program(_dqn_gorila_builders(), cfg)
+    program = experiment.make_program(_dqn_gorila_builders(), cfg)
     for role in ("adversary", "agent"):
         shards = {f"parameter_server@{role}/0", f"parameter_server@{role}/1"}
         assert {spec.name for spec in program.groups[f"parameter_server@{role}"]} == shards
