@@ -40,7 +40,7 @@ from gorila_jax.replay.backends import (
     require,
     reverb_module,
 )
-from gorila_jax.replay.cold import COMPRESSIONS as COLD_COMPRESSIONS
+from gorila_jax.replay.cold_ring import COMPRESSIONS as COLD_COMPRESSIONS
 from gorila_jax.replay.cold import ColdRows, ColdStore
 from gorila_jax.replay.codec import SOURCE_BYTES, UNKNOWN_SOURCE, ItemCodec, transition_codec
 from gorila_jax.replay.compact import STORAGE_DTYPES, CompactFloats, observation_storage

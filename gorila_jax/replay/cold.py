@@ -7,37 +7,7 @@ items than RAM. Insertion index k is an item's key, and its record in RAM
 sum tree over priority**alpha samples the items by prioritized experience
 replay's rule (Schaul et al. 2016), as Reverb's `Prioritized(alpha)`
 selector does: P(i) = p_i**alpha / sum_j p_j**alpha; without an exponent
-every item weighs 1 (Reverb's `Uniform`).
-
-The bytes are a ring on disk, `ring.u8`, `ring_bytes` long. Items are
-written one after another at a position that only grows (`head`: the bytes
-ever written), at position % ring_bytes; one that would run past the end of
-the file starts at its start instead. An item is held while its slot is its
-own and nothing was written over its bytes (position >= head - ring_bytes),
-so the tier is FIFO and holds at most `capacity` items within `ring_bytes`
-of disk, whichever binds first. Without a disk budget the ring has room for
-`capacity` items of `item_bytes`.
-
-Compression (`compression="zlib"`): each item is compressed on its own, at
-zlib's level 1, by the thread that adds it. Atari transitions (56 KB, eight
-84x84 frames) compress about 60x there, at about 15k items/s a core each
-way (bench/tiered_replay.py), so a disk holds tens of times as many items;
-CartPole's 48-byte rows do not compress. An item stored in fewer bytes than
-`item_bytes` is compressed and one of `item_bytes` is raw (an item that
-does not compress is kept raw), so reading needs no setting, and a store
-may be reopened with the other one.
-
-Why a numpy memmap of one file: the kernel's page cache keeps the pages read
-often in RAM and drops the others; it needs no package beyond numpy and the
-standard library; and uncompressed items of a ring that is a whole number of
-items are read as one fancy-indexed read of rows, in file order so that
-neighbouring rows share pages.
-
-`head.i64` holds the head, the next key, a random identity of the ring and
-its layout (capacity, item_bytes, ring_bytes). The head and the next key are
-written before the bytes they cover: a process killed while writing leaves a
-head that disowns whatever the write may have reached, and keys that no
-later item reuses.
+every item weighs 1 (Reverb's `Uniform`). The bytes are a ring on disk (`cold_ring`).
 
 A checkpoint holds everything but the items' bytes: each slot's key,
 position, stored length, priority and hash, and the counters. Copying the
@@ -53,26 +23,14 @@ one ever written to the directory.
 """
 
 import logging
-import os
-import secrets
-import shutil
-import tempfile
 import threading
-import zlib
 from typing import NamedTuple
 
 import numpy as np
 
+from gorila_jax.replay import cold_ring
 from gorila_jax.replay.sum_tree import SumTree
 
-COMPRESSIONS = ("none", "zlib")
-_ZLIB_LEVEL = 1  # level 6 compresses Atari items 1.8x smaller, at a third of the speed
-_RING_FILE = "ring.u8"
-_HEAD_FILE = "head.i64"
-# head.i64: [head, next key, ring id, capacity, item_bytes, ring_bytes]
-_HEAD, _NEXT_KEY, _RING_ID, _LAYOUT = 0, 1, 2, slice(3, 6)
-_HEAD_FIELDS = 6
-_EARLIER_LAYOUT_FILES = ("items.u8", "slots.i64")  # a fixed-width ring, before compression
 _EMPTY = -1
 _EVICTION_CHUNK = 4096
 
@@ -114,7 +72,7 @@ class ColdStore:
         still kept and returned).
       ring_bytes: disk the items' bytes may take; 0: `capacity` items of
         `item_bytes` (raw).
-      compression: "none" or "zlib" (see the module's docstring).
+      compression: "none" or "zlib" (`cold_ring`).
     """
 
     def __init__(
@@ -126,33 +84,16 @@ class ColdStore:
         ring_bytes: int = 0,
         compression: str = "none",
     ):
-        if capacity < 1:
-            raise ValueError(f"a cold replay's capacity must be >= 1, got {capacity}")
-        if item_bytes < 1:
-            raise ValueError(f"a cold replay's item_bytes must be >= 1, got {item_bytes}")
         if priority_exponent is not None and not priority_exponent >= 0:  # NaN too
             raise ValueError(
                 f"a cold replay's priority exponent must be >= 0 (or None: uniform), "
                 f"got {priority_exponent}"
             )
-        ring_bytes = int(ring_bytes) or int(capacity) * int(item_bytes)
-        if ring_bytes < item_bytes:
-            raise ValueError(
-                f"a cold replay's disk budget of {ring_bytes} bytes cannot hold one item of "
-                f"{item_bytes} bytes"
-            )
-        if compression not in COMPRESSIONS:
-            raise ValueError(
-                f"unknown cold replay compression {compression!r}; choose one of {COMPRESSIONS}"
-            )
-        self.capacity, self.item_bytes = int(capacity), int(item_bytes)
-        self.ring_bytes, self.compression = ring_bytes, compression
+        self._ring = cold_ring.Ring(directory, capacity, item_bytes, ring_bytes, compression)
+        self.capacity, self.item_bytes, self.ring_bytes = self._ring.layout
+        self.compression = compression
         self._exponent = None if priority_exponent is None else float(priority_exponent)
         self._directory = directory
-        os.makedirs(directory, exist_ok=True)
-        self._ring, self._head = self._open_files()
-        whole_items = self.ring_bytes % self.item_bytes == 0
-        self._fixed_rows = self._ring.reshape(-1, self.item_bytes) if whole_items else None
         self._keys = np.full(self.capacity, _EMPTY, np.int64)
         self._positions = np.zeros(self.capacity, np.int64)
         self._lengths = np.zeros(self.capacity, np.int64)
@@ -160,60 +101,10 @@ class ColdStore:
         self._hashes = np.zeros(self.capacity, np.uint64)
         self._tree = SumTree(self.capacity)
         self._size = self._held_bytes = 0
-        self._inserted = int(self._head[_NEXT_KEY])
+        self._inserted = self._ring.next_key
         self._oldest = self._inserted  # no key below it is held
         self._reads = 0
         self._lock = threading.Lock()
-
-    # ------------------------------------------------------------ files
-
-    def _open_files(self) -> tuple[np.memmap, np.memmap]:
-        earlier = [
-            name
-            for name in _EARLIER_LAYOUT_FILES
-            if os.path.exists(os.path.join(self._directory, name))
-        ]
-        if earlier:
-            raise ValueError(
-                f"cold replay directory {self._directory} holds a cold tier of an earlier "
-                f"layout ({', '.join(earlier)}): give another directory (--replay_cold_dir) "
-                "or remove it"
-            )
-        ring_path = os.path.join(self._directory, _RING_FILE)
-        head_path = os.path.join(self._directory, _HEAD_FILE)
-        layout = (self.capacity, self.item_bytes, self.ring_bytes)
-        if os.path.exists(ring_path) and os.path.exists(head_path):
-            found = _layout_on_disk(ring_path, head_path)
-            if found != layout:
-                raise ValueError(
-                    f"cold replay directory {self._directory} holds a store of "
-                    f"{_describe(found)}, not {_describe(layout)}: give it the same shape "
-                    "or another directory"
-                )
-            ring = np.memmap(ring_path, np.uint8, "r+", shape=(self.ring_bytes,))
-            return ring, np.memmap(head_path, np.int64, "r+", shape=(_HEAD_FIELDS,))
-        # A ring without its head (or a head without its ring) tells nothing a checkpoint
-        # could trust: both start anew, under a new identity.
-        self._check_disk_space(ring_path)
-        ring = np.memmap(ring_path, np.uint8, "w+", shape=(self.ring_bytes,))
-        head = np.memmap(head_path, np.int64, "w+", shape=(_HEAD_FIELDS,))
-        head[:] = [0, 0, secrets.randbits(63), *layout]
-        head.flush()
-        return ring, head
-
-    def _check_disk_space(self, ring_path: str) -> None:
-        # The ring is a sparse file: a disk that fills up under it would kill the process
-        # with SIGBUS on a write to the map, long after the start.
-        free = shutil.disk_usage(self._directory).free
-        if os.path.exists(ring_path):
-            free += os.stat(ring_path).st_blocks * 512  # "w+" gives those back
-        if self.ring_bytes > free:
-            raise ValueError(
-                f"cold replay {self._directory} needs {self.ring_bytes / 2**30:.2f} GiB of disk "
-                f"({self.capacity} items of {self.item_bytes} bytes, or the budget given), and "
-                f"{free / 2**30:.2f} GiB are free: give a smaller --replay_cold_gb or "
-                "config.cold_replay_size, or another --replay_cold_dir"
-            )
 
     # ------------------------------------------------------------ counters
 
@@ -283,20 +174,16 @@ class ColdStore:
             return
         skipped = max(count - self.capacity, 0)  # their slots would be taken at once
         items, priorities, hashes = items[skipped:], priorities[skipped:], hashes[skipped:]
-        stored = self._encode(items)
+        stored = self._ring.encode(items)
         lengths = np.array([len(row) for row in stored], np.int64)
         with self._lock:
             self._check_open()
             first = self._inserted + skipped
             self._inserted += count
-            positions, head = _place(int(self._head[_HEAD]), lengths, self.ring_bytes)
-            self._head[_HEAD], self._head[_NEXT_KEY] = head, self._inserted
-            oldest_position = head - self.ring_bytes
+            positions = self._ring.write(stored, next_key=self._inserted)
+            oldest_position = self._ring.head - self.ring_bytes
             self._evict(self._inserted - self.capacity, oldest_position, stop=first)
             kept = positions >= oldest_position
-            for index in np.flatnonzero(kept).tolist():
-                start = int(positions[index]) % self.ring_bytes
-                self._ring[start : start + lengths[index]] = stored[index]
             keys = np.arange(first, self._inserted, dtype=np.int64)[kept]
             positions, lengths = positions[kept], lengths[kept]
             slots = keys % self.capacity
@@ -309,16 +196,6 @@ class ColdStore:
             self._tree.set(slots, self._weights(priorities[kept]))
             self._size += len(keys)
             self._held_bytes += int(lengths.sum())
-
-    def _encode(self, items: np.ndarray) -> list[np.ndarray]:
-        """Each item as it is stored: compressed where that makes it smaller, else raw."""
-        if self.compression == "none":
-            return list(items)
-        stored = []
-        for row in items:
-            packed = zlib.compress(row, _ZLIB_LEVEL)
-            stored.append(np.frombuffer(packed, np.uint8) if len(packed) < len(row) else row)
-        return stored
 
     def _evict(self, key_bound: int, position_bound: int, stop: int) -> None:
         """Lets go of the oldest items, below `stop`, whose key is below `key_bound` (their
@@ -362,7 +239,7 @@ class ColdStore:
             else:
                 slots = self._tree.find(rng.random(count) * total)
                 self._reads += count
-            data, compressed = self._read(slots)
+            data, compressed = self._ring.read(self._positions[slots], self._lengths[slots])
             priorities = self._priorities[slots]
             weights = self._weights(priorities)
             rows = ColdRows(
@@ -373,37 +250,8 @@ class ColdStore:
                 data=data,
             )
         for row, blob in compressed:  # outside the lock: adds go on meanwhile
-            unpacked = zlib.decompress(blob)
-            if len(unpacked) != self.item_bytes:
-                raise ValueError(
-                    f"cold replay {self._directory}: item {int(rows.keys[row])} unpacked to "
-                    f"{len(unpacked)} bytes, not {self.item_bytes}: the ring is damaged"
-                )
-            data[row] = np.frombuffer(unpacked, np.uint8)
+            data[row] = self._ring.decode(blob, item=str(rows.keys[row]))
         return rows
-
-    def _read(self, slots: np.ndarray) -> tuple[np.ndarray, list[tuple[int, bytes]]]:
-        """[n, item_bytes] the rows of `slots` stored raw, and (row, stored bytes) of those
-        stored compressed; in file order, so that rows on one page are read together."""
-        data = np.empty((len(slots), self.item_bytes), np.uint8)
-        starts = self._positions[slots] % self.ring_bytes
-        lengths = self._lengths[slots]
-        order = np.argsort(starts, kind="stable")
-        if (
-            self._fixed_rows is not None
-            and np.all(lengths == self.item_bytes)
-            and np.all(starts % self.item_bytes == 0)
-        ):
-            data[order] = self._fixed_rows[starts[order] // self.item_bytes]
-            return data, []
-        compressed = []
-        for row in order.tolist():
-            start, length = int(starts[row]), int(lengths[row])
-            if length == self.item_bytes:
-                data[row] = self._ring[start : start + length]
-            else:
-                compressed.append((row, self._ring[start : start + length].tobytes()))
-        return data, compressed
 
     # ------------------------------------------------------------ priorities
 
@@ -454,12 +302,11 @@ class ColdStore:
         docstring); a partly written file never stands at `path`."""
         with self._lock:
             self._check_open()
-            files = (self._ring, self._head)
             record = dict(
                 capacity=self.capacity,
                 item_bytes=self.item_bytes,
                 ring_bytes=self.ring_bytes,
-                ring_id=int(self._head[_RING_ID]),
+                ring_id=self._ring.identity,
                 exponent=np.nan if self._exponent is None else self._exponent,
                 inserted=self._inserted,
                 reads=self._reads,
@@ -472,40 +319,26 @@ class ColdStore:
         # Flushed and written outside the lock: the copies are the checkpoint, and a flush of
         # gigabytes of new items would stall sampling. Bytes written over meanwhile move the
         # head on disk past them, so `restore` drops their items.
-        for mapped in files:
-            mapped.flush()
-        directory = os.path.dirname(os.path.abspath(path))
-        handle, temporary = tempfile.mkstemp(
-            dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp"
-        )
-        try:
-            with os.fdopen(handle, "wb") as file:
-                np.savez(file, **record)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            if os.path.exists(temporary):
-                os.remove(temporary)
-            raise
+        self._ring.flush()
+        cold_ring.write_atomically(path, record)
 
     def restore(self, path: str) -> None:
         """Makes this store the one `checkpoint(path)` recorded, less the items written
         over since (dropped, with a warning that counts them).
 
         Weights are computed with this store's exponent from the recorded
-        priorities. Insertion numbering goes on past every key ever written
-        to the directory.
+        priorities; keys go on past every key ever written to the directory.
 
         Raises:
           ValueError: the checkpoint is of a store of another shape.
         """
         with np.load(path) as record:
             layout = tuple(int(record[name]) for name in ("capacity", "item_bytes", "ring_bytes"))
-            if layout != (self.capacity, self.item_bytes, self.ring_bytes):
+            if layout != self._ring.layout:
                 raise ValueError(
-                    f"cold replay checkpoint {path} is of a store of {_describe(layout)}, this "
-                    f"one's is {_describe((self.capacity, self.item_bytes, self.ring_bytes))}"
+                    f"cold replay checkpoint {path} is of a store of "
+                    f"{cold_ring.describe(layout)}, this one's is "
+                    f"{cold_ring.describe(self._ring.layout)}"
                 )
             keys = record["keys"].astype(np.int64)
             positions, lengths = record["positions"], record["lengths"]
@@ -517,8 +350,8 @@ class ColdStore:
         with self._lock:
             self._check_open()
             recorded = keys != _EMPTY
-            same_ring = ring_id == int(self._head[_RING_ID])
-            unwritten = positions >= int(self._head[_HEAD]) - self.ring_bytes
+            same_ring = ring_id == self._ring.identity
+            unwritten = positions >= self._ring.head - self.ring_bytes
             intact = recorded & same_ring & unwritten
             dropped = int(np.count_nonzero(recorded & ~intact))
             self._keys = np.where(intact, keys, _EMPTY)
@@ -529,7 +362,7 @@ class ColdStore:
             self._tree.set_all(np.where(intact, self._weights(self._priorities), 0.0))
             self._size = int(np.count_nonzero(intact))
             self._held_bytes = int(self._lengths.sum())
-            self._inserted = max(inserted, int(self._head[_NEXT_KEY]))
+            self._inserted = max(inserted, self._ring.next_key)
             self._oldest = int(self._keys[intact].min()) if self._size else self._inserted
             self._reads = reads
         if dropped:
@@ -546,15 +379,10 @@ class ColdStore:
     def close(self) -> None:
         """Flushes the items and lets go of the files (again: nothing)."""
         with self._lock:
-            if self._ring is None:
-                return
-            self._ring.flush()
-            self._head.flush()
-            # Rows handed out are copies: nothing else holds the maps.
-            self._ring = self._head = self._fixed_rows = None
+            self._ring.close()
 
     def _check_open(self) -> None:
-        if self._ring is None:
+        if not self._ring.is_open:
             raise ValueError(f"cold replay {self._directory} is closed")
 
     def _weights(self, priorities: np.ndarray) -> np.ndarray:
@@ -570,32 +398,3 @@ class ColdStore:
                 f"cold replay {name} must be one per item, [{count}], got {list(values.shape)}"
             )
         return values.astype(dtype, copy=False)
-
-
-def _place(head: int, lengths: np.ndarray, ring_bytes: int) -> tuple[np.ndarray, int]:
-    """Where items of `lengths` go, written from `head` on, and the head after them: each
-    one after the other, or at the ring's start where one would run past its end."""
-    positions = np.empty(len(lengths), np.int64)
-    for index, length in enumerate(lengths.tolist()):
-        start = head % ring_bytes
-        if start + length > ring_bytes:
-            head += ring_bytes - start
-        positions[index] = head
-        head += length
-    return positions, head
-
-
-def _layout_on_disk(ring_path: str, head_path: str) -> tuple[int, ...] | None:
-    """(capacity, item_bytes, ring_bytes) of the store in those files; None if they
-    do not agree with each other."""
-    if os.path.getsize(head_path) != _HEAD_FIELDS * 8:
-        return None
-    layout = tuple(int(value) for value in np.fromfile(head_path, np.int64)[_LAYOUT])
-    return layout if os.path.getsize(ring_path) == layout[2] else None
-
-
-def _describe(layout: tuple[int, ...] | None) -> str:
-    if layout is None:
-        return "unknown shape (its ring and head files do not agree)"
-    capacity, item_bytes, ring_bytes = layout
-    return f"shape [{capacity}, {item_bytes}] (capacity, item_bytes) in {ring_bytes} bytes of disk"

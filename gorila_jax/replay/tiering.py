@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from gorila_jax.replay import api, cold, manifest
+from gorila_jax.replay import api, cold_ring, manifest
 
 COLD_CHECKPOINT = "cold.npz"
 _SPILL_SUFFIX = "/spill"
@@ -33,7 +33,7 @@ class Tiering:
       cold_dir: the cold tier's directory on the replay node's host.
       cold_bytes: disk the cold tier's items may take; 0: `cold_size` items
         uncompressed.
-      cold_compression: how cold items are stored, one of `cold.COMPRESSIONS`.
+      cold_compression: how cold items are stored, one of `cold_ring.COMPRESSIONS`.
     """
 
     table: str
@@ -51,10 +51,10 @@ class Tiering:
             )
         if self.cold_bytes < 0:
             raise ValueError(f"a cold tier's disk budget must be >= 0, got {self.cold_bytes}")
-        if self.cold_compression not in cold.COMPRESSIONS:
+        if self.cold_compression not in cold_ring.COMPRESSIONS:
             raise ValueError(
                 f"unknown cold replay compression {self.cold_compression!r}; choose one of "
-                f"{cold.COMPRESSIONS}"
+                f"{cold_ring.COMPRESSIONS}"
             )
 
     def for_shard(self, shard: int, num_shards: int) -> "Tiering":
