@@ -19,6 +19,7 @@ import sys
 from absl import flags
 
 from gorila_jax.run import combinations, experiment
+from gorila_jax.run.experiment_config import SETTING_GROUPS
 from launch import train
 
 DOC = pathlib.Path(__file__).resolve().parent.parent / "docs" / "flags.md"
@@ -50,9 +51,16 @@ def _row(flag: flags.Flag) -> str:
 
 
 def _groups() -> list[str]:
-    """The settings' groups, in the order of their first field."""
+    """The settings' groups, in their declared order (`SETTING_GROUPS`).
+
+    Raises:
+      ValueError: a field whose group is not declared there.
+    """
     fields = dataclasses.fields(experiment.ExperimentConfig)
-    return list(dict.fromkeys(field.metadata["group"] for field in fields))
+    undeclared = {field.metadata["group"] for field in fields} - set(SETTING_GROUPS)
+    if undeclared:
+        raise ValueError(f"settings groups {sorted(undeclared)} are not in SETTING_GROUPS")
+    return list(SETTING_GROUPS)
 
 
 def render() -> str:

@@ -17,17 +17,38 @@ from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
 from gorila_jax.federated import privacy
 from gorila_jax.gorila import compression
-from gorila_jax.health import balance
 from gorila_jax.learning.settings import DEFAULTS as LEARNER
 from gorila_jax.learning.settings import LearnerSettings
-from gorila_jax.run import elastic, learning_modes, settings_checks
+from gorila_jax.run import elastic, learning_modes, setting_groups, settings_checks
 
 LEARNER_MODES = tuple(learning_modes.MODES)  # sync, gorila, federated
+# The groups of the settings, in the order the docs and --helpfull list them.
+SETTING_GROUPS = (
+    "run",
+    "tracking",
+    "actors",
+    "learner",
+    "replay",
+    "checkpoints",
+    "gorila",
+    "faults",
+    "multi-host",
+    "elastic",
+    "balance",
+    "federated",
+)
 
 
 @dataclasses.dataclass
-class ExperimentConfig:
-    """Settings of one run that are not the agent's hyperparameters; see each field's help."""
+class ExperimentConfig(
+    setting_groups.FaultSettings,
+    setting_groups.TrackingSettings,
+    setting_groups.ElasticSettings,
+    setting_groups.BalanceSettings,
+    setting_groups.FederatedSettings,
+):
+    """Settings of one run that are not the agent's hyperparameters; see each field's help
+    (the groups one subsystem each reads are declared in `setting_groups`)."""
 
     env_id: str = setting(
         "CartPole-v1",
@@ -81,21 +102,6 @@ class ExperimentConfig:
         "Seconds between evaluations, and one more of the newest parameters when the run "
         "ends (not on Ctrl-C or SIGTERM); 0 disables them.",
         check=NON_NEGATIVE,
-    )
-    wandb_project: str = setting(
-        "",
-        "tracking",
-        "Weights & Biases project the run logs to (its metrics rows, config, summary and "
-        "curves.png; gorila_jax/tracking.py); empty: off.",
-    )
-    wandb_entity: str = setting("", "tracking", "W&B entity (user or team); empty: yours.")
-    wandb_group: str = setting("", "tracking", "W&B group of the run (a sweep's, say).")
-    wandb_tags: str = setting("", "tracking", "W&B tags of the run, comma-separated.")
-    wandb_mode: str = setting(
-        "online",
-        "tracking",
-        "online, or offline: W&B keeps the run under <logdir>/wandb for `wandb sync`.",
-        choices=("online", "offline"),
     )
     stop_at_eval_return: float | None = setting(
         None, "run", "End the run early once an evaluation reaches this mean return."
@@ -234,59 +240,6 @@ class ExperimentConfig:
     ps_cpus: float = setting(
         0.5, "gorila", "CPUs each parameter-server shard asks Ray for.", check=NON_NEGATIVE
     )
-    heartbeat_interval_s: float = setting(
-        LEARNER.heartbeat_interval_s,
-        "faults",
-        "Seconds between the nodes' heartbeats (counters) to the monitor.",
-        check=POSITIVE,
-        flag="heartbeat_interval",
-    )
-    heartbeat_timeout_s: float = setting(
-        30.0,
-        "faults",
-        "A node silent this many seconds is restarted; 0: only processes are watched.",
-        check=NON_NEGATIVE,
-        flag="heartbeat_timeout",
-    )
-    stall_timeout_s: float = setting(
-        300.0,
-        "faults",
-        "A node alive but without progress (a hung env) this long is restarted; 0: off.",
-        check=NON_NEGATIVE,
-        flag="stall_timeout",
-    )
-    startup_timeout_s: float = setting(
-        300.0,
-        "faults",
-        "Seconds a (re)started node may take to build and first progress.",
-        check=POSITIVE,
-        flag="startup_timeout",
-    )
-    max_restarts: int = setting(
-        3,
-        "faults",
-        "Restarts per node (ray launcher); one fault more, or any fault under the local "
-        "launcher, fails the run with the reason.",
-        check=NON_NEGATIVE,
-    )
-    max_nonfinite_steps: int = setting(
-        LEARNER.max_nonfinite_steps,
-        "faults",
-        "The learner skips non-finite updates; after this many in a row it rolls back to its "
-        "newest checkpoint (0: never).",
-        check=NON_NEGATIVE,
-    )
-    rollback_lr_factor: float = setting(
-        LEARNER.rollback_lr_factor,
-        "faults",
-        "Each rollback multiplies the learning-rate scale by this, in (0, 1].",
-    )
-    rollback_param_noise: float = setting(
-        LEARNER.rollback_param_noise,
-        "faults",
-        "Std of noise added to parameters after a rollback.",
-        check=NON_NEGATIVE,
-    )
     num_learner_hosts: int = setting(
         1,
         "multi-host",
@@ -317,91 +270,6 @@ class ExperimentConfig:
         "multi-host",
         "Least seconds between two upstream fetches of a cache; 0: on demand.",
         check=NON_NEGATIVE,
-    )
-    min_actors: int = setting(
-        1,
-        "elastic",
-        "Fewest actors <logdir>/control/num_actors or the elastic policy may leave "
-        "(gorila_jax/run/elastic.py); at least num_replay_shards are kept.",
-        check=POSITIVE,
-    )
-    max_actors: int = setting(
-        64,
-        "elastic",
-        "Most actors the control file or the elastic policy may start.",
-        check=POSITIVE,
-    )
-    elastic_interval_s: float = setting(
-        0.0,
-        "elastic",
-        "Seconds between elastic-policy decisions: add an actor below the target throughput "
-        "at low variance, remove one above twice the variance threshold; 0: off.",
-        check=NON_NEGATIVE,
-    )
-    elastic_target_env_steps_per_s: float = setting(
-        0.0, "elastic", "Elastic policy: the throughput to reach."
-    )
-    elastic_variance_threshold: float = setting(
-        0.0, "elastic", "Elastic policy: the 'low variance' bound."
-    )
-    elastic_variance_metric: str = setting(
-        "grad_norm", "elastic", "Elastic policy: the learner metric whose variance is measured."
-    )
-    balance_interval_s: float = setting(
-        30.0,
-        "balance",
-        "Window in which each actor's share of replay data is measured; 0: off.",
-        check=NON_NEGATIVE,
-    )
-    balance_factor: float = setting(
-        1.5,
-        "balance",
-        "Report an actor whose share of inserted data exceeds this / actors (above 1).",
-    )
-    balance_remedy: str = setting(
-        "report",
-        "balance",
-        "What happens to an actor reported two windows in a row: report only, replace it by a "
-        "fresh one with a new seed, or downweight its items' priorities by balance_weight "
-        "(prioritized replay only).",
-        choices=balance.REMEDIES,
-    )
-    balance_weight: float = setting(
-        0.5, "balance", "The downweight factor on a dominant actor's priorities, in (0, 1)."
-    )
-    num_clients: int = setting(
-        2,
-        "federated",
-        "Clients of a federated run, each its own replay, learner and actors (actor i is "
-        "client i % num_clients's).",
-        check=POSITIVE,
-    )
-    local_updates_per_round: int = setting(
-        100, "federated", "Learner steps each client takes per round.", check=POSITIVE
-    )
-    federated_rounds: int = setting(
-        0, "federated", "Rounds of a federated run; 0: until the run ends.", check=NON_NEGATIVE
-    )
-    secure_aggregation: bool = setting(
-        True, "federated", "Clients mask their updates: the coordinator learns only their sum."
-    )
-    dp_clip_norm: float = setting(
-        0.0,
-        "federated",
-        "Differential privacy: clip each client's update per round to this L2 norm; 0: no DP.",
-        check=NON_NEGATIVE,
-    )
-    dp_noise_multiplier: float = setting(
-        1.0,
-        "federated",
-        "Differential privacy: the summed update's Gaussian noise over dp_clip_norm.",
-        check=POSITIVE,
-    )
-    dp_delta: float = setting(1e-5, "federated", "The delta of the reported (epsilon, delta).")
-    dp_target_epsilon: float | None = setting(
-        None,
-        "federated",
-        "Refuse a federated run whose federated_rounds would spend more epsilon than this.",
     )
 
     @property
