@@ -43,10 +43,12 @@ from typing import Any, Callable
 from absl import app, flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CLEANRL_COMMIT = "fe8d8a03c41a7ef5b523e2e354bd01c363e786bb"
+sys.path.insert(0, REPO)
+
+from bench import cleanrl_peer  # noqa: E402
+from bench.cleanrl_peer import DEFAULT_VENV  # noqa: E402
+
 CLEANRL_SCRIPT = os.path.join("cleanrl", "dqn_jax.py")
-CLEANRL_REQUIREMENTS = os.path.join(REPO, "bench", "cleanrl-requirements.txt")
-DEFAULT_VENV = "/tmp/cleanrl-venv"
 TARGET = 475.0
 CLEANRL_WINDOW = 20  # episodes in CleanRL's training mean (the issue's criterion)
 OURS_WINDOW = 100  # episodes in our monitor's training mean (gorila_jax/health/monitor.py)
@@ -63,8 +65,6 @@ _REPLAY = flags.DEFINE_enum(
     "ours_replay", None, ["native", "reverb"], "Ours' --replay backend; unset: the default."
 )
 
-# global_step=2814, episodic_return=[500.]  (gymnasium 0.29 prints the return as an array)
-_CLEANRL_EPISODE = re.compile(r"global_step=(\d+), episodic_return=\[?\s*([-+\d.eE]+)\s*\]?")
 # [  12.3s] env steps     4,031 | episodes    137 | return    29.45 | eval      nan | ...
 _PROGRESS = re.compile(
     r"^\[\s*([\d.]+)s\] env steps\s+([\d,]+) \| episodes\s+([\d,]+) \| "
@@ -72,12 +72,7 @@ _PROGRESS = re.compile(
 )
 
 
-def parse_cleanrl_episode(line: str) -> tuple[int, float] | None:
-    """(env steps taken, episode return) of one of dqn_jax.py's episode lines, else None."""
-    match = _CLEANRL_EPISODE.search(line)
-    if not match:
-        return None
-    return int(match.group(1)) + 1, float(match.group(2))  # global_step counts from 0
+parse_cleanrl_episode = cleanrl_peer.parse_episode
 
 
 def parse_progress_line(line: str) -> dict[str, float] | None:
@@ -235,39 +230,19 @@ def stream(
     return {"start_unix": start, "stop": reason, "exit_code": process.wait()}
 
 
-def print_load(what: str) -> list[float]:
-    """Prints `uptime` (its load average) before a run; returns the three load averages."""
-    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(f"before {what}: {uptime}", flush=True)
-    return list(os.getloadavg())
-
-
 def cleanrl_python(cleanrl_dir: str) -> str:
     """CleanRL's interpreter: the flag's, or the default venv's, made if missing and checked."""
-    python = _CLEANRL_PYTHON.value or os.path.join(DEFAULT_VENV, "bin", "python")
-    if not os.path.exists(python):
-        if _CLEANRL_PYTHON.value:
-            raise app.UsageError(f"--cleanrl_python: no such file {python}")
-        print(f"making {DEFAULT_VENV} from {CLEANRL_REQUIREMENTS} (a few minutes)", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", DEFAULT_VENV], check=True)
-        pip = [python, "-m", "pip", "install", "-q", "-r", CLEANRL_REQUIREMENTS]
-        subprocess.run(pip, check=True)
     probe = (
         "import flax, gymnasium, jax, optax, tyro, torch.utils.tensorboard, cleanrl_utils.buffers"
     )
-    env = dict(os.environ, PYTHONPATH=cleanrl_dir)
-    result = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True)
-    if result.returncode:
-        tail = result.stderr.strip().splitlines()[-1:] or ["?"]
-        raise app.UsageError(
-            f"{python} cannot run {CLEANRL_SCRIPT} ({tail[0]}); "
-            f"install bench/cleanrl-requirements.txt into it"
-        )
-    return python
+    try:
+        return cleanrl_peer.python(cleanrl_dir, _CLEANRL_PYTHON.value, probe)
+    except cleanrl_peer.PeerError as error:
+        raise app.UsageError(str(error)) from None
 
 
 def run_cleanrl(seed: int, cleanrl_dir: str, python: str, workdir: str) -> dict[str, Any]:
-    load = print_load(f"CleanRL seed {seed}")
+    load = cleanrl_peer.print_load(f"CleanRL seed {seed}")
     cwd = os.path.join(workdir, f"cleanrl-{seed}")  # dqn_jax.py writes runs/ into its cwd
     os.makedirs(cwd, exist_ok=True)
     command = [python, "-u", os.path.join(cleanrl_dir, CLEANRL_SCRIPT), f"--seed={seed}"]
@@ -279,7 +254,7 @@ def run_cleanrl(seed: int, cleanrl_dir: str, python: str, workdir: str) -> dict[
 
 
 def run_ours(seed: int, workdir: str) -> dict[str, Any]:
-    load = print_load(f"ours seed {seed}")
+    load = cleanrl_peer.print_load(f"ours seed {seed}")
     logdir = os.path.join(workdir, f"ours-{seed}")
     command = [
         sys.executable, "-u", "-m", "launch.train", "--agent=dqn", "--env=CartPole-v1",
@@ -365,20 +340,14 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float | None]:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
-    cleanrl_dir = os.path.abspath(_CLEANRL_DIR.value or "")
-    if not _CLEANRL_DIR.value or not os.path.isfile(os.path.join(cleanrl_dir, CLEANRL_SCRIPT)):
-        raise app.UsageError(
-            f"--cleanrl_dir must be a CleanRL checkout with {CLEANRL_SCRIPT} "
-            f"(got {_CLEANRL_DIR.value!r}); see this script's header for how to get one"
-        )
+    try:
+        cleanrl_dir, commit = cleanrl_peer.checkout(_CLEANRL_DIR.value, CLEANRL_SCRIPT)
+    except cleanrl_peer.PeerError as error:
+        raise app.UsageError(str(error)) from None
     try:
         seeds = [int(seed) for seed in _SEEDS.value]
     except ValueError:
         raise app.UsageError(f"--seeds must be integers, got {_SEEDS.value}") from None
-    git = ["git", "-C", cleanrl_dir, "rev-parse", "HEAD"]
-    commit = subprocess.run(git, capture_output=True, text=True).stdout.strip() or None
-    if commit != CLEANRL_COMMIT:
-        print(f"note: {cleanrl_dir} is at {commit}, not {CLEANRL_COMMIT}", flush=True)
     python = cleanrl_python(cleanrl_dir)
     workdir = _WORKDIR.value or tempfile.mkdtemp(prefix="vs_cleanrl-")
     os.makedirs(workdir, exist_ok=True)
