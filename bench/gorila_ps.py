@@ -123,9 +123,12 @@ class PusherNode:
 def shard_scaling(builder, spec, gradient: np.ndarray, num_shards: int, seconds: float) -> dict:
     layout, _ = parameter_server.initial_layout(builder, spec, SEED, num_shards)
     graph = program.Program("ps-bench")
+    keep_all = shard_node.ShardSettings(max_staleness=-1)  # every pushed gradient is applied
     with graph.group("parameter_server", program.Resources(num_cpus=0.5)):
         shards = [
-            graph.add_node(shard_node.ParameterShardNode, builder, spec, SEED, i, num_shards, -1)
+            graph.add_node(
+                shard_node.ParameterShardNode, builder, spec, SEED, i, num_shards, keep_all
+            )
             for i in range(num_shards)
         ]
     with graph.group("pusher", program.Resources(num_cpus=0.5)):

@@ -1,5 +1,6 @@
 """The parameter-server shard as a program node, and the Gorila checkpoint it restores from."""
 
+import dataclasses
 import logging
 import threading
 import time
@@ -17,11 +18,41 @@ from gorila_jax.health.monitor import HEARTBEAT_INTERVAL_S
 from gorila_jax.learning import checkpoint, sync_learner
 
 
+@dataclasses.dataclass(frozen=True)
+class ShardSettings:
+    """How a parameter-server shard applies gradients and reports, as one settings object
+    (`ExperimentConfig.shard_settings()`; its fields take their defaults from `DEFAULTS`).
+
+    Attributes:
+      max_staleness: a gradient more versions behind than this is dropped and counted;
+        negative keeps all (`ParameterShard`).
+      staleness_scaling: scale each update by 1 / (1 + its staleness).
+      heartbeat_interval_s: how often counters go to the monitor.
+
+    Raises:
+      ValueError: a heartbeat interval that is not positive.
+    """
+
+    max_staleness: int = 8
+    staleness_scaling: bool = False
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+
+    def __post_init__(self):
+        if not self.heartbeat_interval_s > 0:
+            raise ValueError(
+                f"heartbeat_interval_s must be positive, got {self.heartbeat_interval_s}"
+            )
+
+
+DEFAULTS = ShardSettings()
+
+
 class ParameterShardNode(program.Worker):
-    """A program node holding shard `index` of `num_shards` (see `ParameterShard`).
+    """A program node holding shard `index` of `num_shards` (see `ParameterShard`), which
+    applies gradients and reports as `settings` say.
 
     Its `run` loop only reports: applied and dropped counts and its update
-    rate go to the monitor every `heartbeat_interval_s`.
+    rate go to the monitor every `settings.heartbeat_interval_s`.
 
     With `checkpoint_dir` and `restore_step` (a step, or `NEWEST` for a
     restarted shard) it starts from its part of that Gorila checkpoint
@@ -35,10 +66,8 @@ class ParameterShardNode(program.Worker):
         seed: int,
         index: int,
         num_shards: int,
-        max_staleness: int,
-        staleness_scaling: bool = False,
+        settings: ShardSettings = DEFAULTS,
         monitor: program.Client | None = None,
-        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
         checkpoint_dir: str | None = None,
         restore_step: int | None = None,
         group: str = "parameter_server",
@@ -47,7 +76,10 @@ class ParameterShardNode(program.Worker):
         self.name = f"{group}/{index}"  # a role's shards: "parameter_server@<role>/<index>"
         layout, flat = parameter_server.initial_layout(builder, spec, seed, num_shards)
         self._shard = parameter_server.ParameterShard(
-            flat[layout.slices[index]], builder.shard_optimizer(), max_staleness, staleness_scaling
+            flat[layout.slices[index]],
+            builder.shard_optimizer(),
+            settings.max_staleness,
+            settings.staleness_scaling,
         )
         if restore_step is not None:
             if checkpoint_dir is None:
@@ -57,7 +89,7 @@ class ParameterShardNode(program.Worker):
             self._shard.restore(state["shards"][index])
             logging.warning("%s: restored from checkpoint %d", self.name, step)
         self._index, self._monitor = index, monitor
-        self._heartbeat_interval_s = heartbeat_interval_s
+        self.settings = settings
         self._encoders: dict[str, compression.DeltaEncoder] = {}
         self._encoders_lock = threading.Lock()
         # Parameter bytes this shard sent to readers (workers, actors, caches,
@@ -115,7 +147,7 @@ class ParameterShardNode(program.Worker):
 
     def run(self) -> None:
         last_applied, last_time = 0, time.monotonic()
-        while not self.sleep(self._heartbeat_interval_s):
+        while not self.sleep(self.settings.heartbeat_interval_s):
             if self._monitor is None:
                 continue
             counters, now = self.counters(), time.monotonic()

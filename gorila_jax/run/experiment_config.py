@@ -17,6 +17,8 @@ from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.distributed import launchers
 from gorila_jax.federated import privacy
 from gorila_jax.gorila import compression
+from gorila_jax.gorila.shard_node import DEFAULTS as SHARD
+from gorila_jax.gorila.shard_node import ShardSettings
 from gorila_jax.learning.settings import DEFAULTS as LEARNER
 from gorila_jax.learning.settings import LearnerSettings
 from gorila_jax.run import elastic, learning_modes, setting_groups, settings_checks
@@ -41,6 +43,7 @@ SETTING_GROUPS = (
 
 @dataclasses.dataclass
 class ExperimentConfig(
+    setting_groups.MultiHostSettings,
     setting_groups.FaultSettings,
     setting_groups.TrackingSettings,
     setting_groups.ElasticSettings,
@@ -216,10 +219,12 @@ class ExperimentConfig(
     num_learners: int = setting(2, "gorila", "Gorila gradient workers.", check=POSITIVE)
     num_ps_shards: int = setting(2, "gorila", "Gorila parameter-server shards.", check=POSITIVE)
     max_staleness: int = setting(
-        8, "gorila", "Shards drop gradients more than this many versions old; <0: keep all."
+        SHARD.max_staleness,
+        "gorila",
+        "Shards drop gradients more than this many versions old; <0: keep all.",
     )
     staleness_lr_scaling: bool = setting(
-        False, "gorila", "Shards scale each update by 1 / (1 + its staleness)."
+        SHARD.staleness_scaling, "gorila", "Shards scale each update by 1 / (1 + its staleness)."
     )
     async_update: int = setting(
         1, "gorila", "Workers pull parameters every this many gradients.", check=POSITIVE
@@ -239,37 +244,6 @@ class ExperimentConfig(
     )
     ps_cpus: float = setting(
         0.5, "gorila", "CPUs each parameter-server shard asks Ray for.", check=NON_NEGATIVE
-    )
-    num_learner_hosts: int = setting(
-        1,
-        "multi-host",
-        "Learner processes, one per host, running each update over all their devices with "
-        "jax.distributed; >1 needs launcher=ray and learner_mode=sync.",
-        check=POSITIVE,
-    )
-    param_cache_per_host: bool = setting(
-        False,
-        "multi-host",
-        "Actors read parameters from a cache on their host, which gets each new version once "
-        "for all of them (gorila_jax/acting/param_cache.py); needs actors_per_host.",
-    )
-    actors_per_host: int = setting(
-        0,
-        "multi-host",
-        "Actors sharing a host and its parameter cache (actor i on host i // actors_per_host); "
-        "only with param_cache_per_host.",
-        check=NON_NEGATIVE,
-    )
-    param_cache_cpus: float = setting(
-        0.25,
-        "multi-host",
-        "CPUs each parameter cache asks Ray for (above 0: a bundle by its actors).",
-    )
-    param_cache_min_fetch_interval_s: float = setting(
-        0.0,
-        "multi-host",
-        "Least seconds between two upstream fetches of a cache; 0: on demand.",
-        check=NON_NEGATIVE,
     )
 
     @property
@@ -322,6 +296,14 @@ class ExperimentConfig(
             param_pull_interval=self.param_pull_interval,
             heartbeat_interval_s=self.heartbeat_interval_s,
             env_threads=self.env_threads_per_actor,
+        )
+
+    def shard_settings(self) -> ShardSettings:
+        """What every Gorila parameter-server shard of the run takes (`gorila/shard_node.py`)."""
+        return ShardSettings(
+            max_staleness=self.max_staleness,
+            staleness_scaling=self.staleness_lr_scaling,
+            heartbeat_interval_s=self.heartbeat_interval_s,
         )
 
     def learner_settings(self) -> LearnerSettings:

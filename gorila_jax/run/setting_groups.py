@@ -1,7 +1,8 @@
-"""Groups of `ExperimentConfig`'s settings that one subsystem each reads: faults (the
-monitor, supervisor and learner rollbacks), elastic actors, data balance, federated
-learning and experiment tracking. `ExperimentConfig`
-holds them as its own fields (it derives from these); each is declared once, here.
+"""Groups of `ExperimentConfig`'s settings that one subsystem each reads: multi-host
+learning and parameter caches, faults (the monitor, supervisor and learner rollbacks),
+elastic actors, data balance, federated learning and experiment tracking.
+`ExperimentConfig` holds them as its own fields (it derives from these); each is
+declared once, here.
 """
 
 import dataclasses
@@ -9,6 +10,43 @@ import dataclasses
 from gorila_jax.config_checks import NON_NEGATIVE, POSITIVE, setting
 from gorila_jax.health import balance
 from gorila_jax.learning.settings import DEFAULTS as LEARNER
+
+
+@dataclasses.dataclass
+class MultiHostSettings:
+    """Learners over several hosts and the actors' parameter caches (docs/multihost.md)."""
+
+    num_learner_hosts: int = setting(
+        1,
+        "multi-host",
+        "Learner processes, one per host, running each update over all their devices with "
+        "jax.distributed; >1 needs launcher=ray and learner_mode=sync.",
+        check=POSITIVE,
+    )
+    param_cache_per_host: bool = setting(
+        False,
+        "multi-host",
+        "Actors read parameters from a cache on their host, which gets each new version once "
+        "for all of them (gorila_jax/acting/param_cache.py); needs actors_per_host.",
+    )
+    actors_per_host: int = setting(
+        0,
+        "multi-host",
+        "Actors sharing a host and its parameter cache (actor i on host i // actors_per_host); "
+        "only with param_cache_per_host.",
+        check=NON_NEGATIVE,
+    )
+    param_cache_cpus: float = setting(
+        0.25,
+        "multi-host",
+        "CPUs each parameter cache asks Ray for (above 0: a bundle by its actors).",
+    )
+    param_cache_min_fetch_interval_s: float = setting(
+        0.0,
+        "multi-host",
+        "Least seconds between two upstream fetches of a cache; 0: on demand.",
+        check=NON_NEGATIVE,
+    )
 
 
 @dataclasses.dataclass

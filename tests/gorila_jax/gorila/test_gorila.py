@@ -25,6 +25,7 @@ from tests.backends import DefaultReplayNode
 
 SPEC = envs.env_spec("CartPole-v1")
 SEED = 3
+KEEP_ALL = shard_node.ShardSettings(max_staleness=-1)  # no gradient is too stale
 CONFIG = dataclasses.replace(TINY, min_replay_size=100)
 
 
@@ -40,7 +41,13 @@ def _gorila_program(
     with graph.group("parameter_server"):
         shards = [
             graph.add_node(
-                shard_node.ParameterShardNode, builder, SPEC, SEED, index, num_shards, max_staleness
+                shard_node.ParameterShardNode,
+                builder,
+                SPEC,
+                SEED,
+                index,
+                num_shards,
+                shard_node.ShardSettings(max_staleness=max_staleness),
             )
             for index in range(num_shards)
         ]
@@ -189,7 +196,7 @@ def test_versions_count_each_update_once_under_pushes_from_three_processes(ray_o
     size = _shard_layout(1).size
     graph = program.Program("shard-concurrency")
     with graph.group("parameter_server", program.Resources(num_cpus=0.5)):
-        shard = graph.add_node(shard_node.ParameterShardNode, builder, SPEC, SEED, 0, 1, -1)
+        shard = graph.add_node(shard_node.ParameterShardNode, builder, SPEC, SEED, 0, 1, KEEP_ALL)
     with graph.group("pusher", program.Resources(num_cpus=0.5)):
         for seed in range(3):
             graph.add_node(_Pusher, shard, size, seed)
@@ -335,7 +342,7 @@ def test_a_restored_shard_serves_the_checkpoint_even_to_readers_holding_newer_ve
                 SEED,
                 1,
                 2,
-                -1,
+                KEEP_ALL,
                 checkpoint_dir=str(tmp_path),
                 restore_step=sync_learner.NEWEST,
             )
@@ -364,7 +371,7 @@ def test_a_restarted_shard_without_a_checkpoint_fails_instead_of_starting_over(t
             SEED,
             0,
             2,
-            -1,
+            KEEP_ALL,
             checkpoint_dir=str(tmp_path),
             restore_step=sync_learner.NEWEST,
         )

@@ -136,9 +136,8 @@ def test_a_shard_node_counts_the_parameter_bytes_it_serves_and_reports_them_per_
         0,
         0,
         2,
-        -1,
+        shard_node.ShardSettings(max_staleness=-1, heartbeat_interval_s=0.01),
         monitor=reports,
-        heartbeat_interval_s=0.01,
     )
     version, full = node.get()  # a worker's (or the evaluator's) full slice
     assert node.get(version) is None  # nothing newer: costs nothing
