@@ -10,7 +10,7 @@ import functools
 from typing import Any, Protocol
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import envs, multiagent, types
+from gorila_jax import envs, types
 from gorila_jax.acting import evaluation
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.health import balance
@@ -56,11 +56,10 @@ class Task(Protocol):
 
 def task_of(builder: Builders, cfg: ExperimentConfig) -> Task:
     """The task `cfg.env_id` makes of `builder` (one builder, or one per role)."""
-    roles = multiagent.roles_of(cfg.env_id)
-    if roles:
-        builders = builder if isinstance(builder, dict) else dict.fromkeys(roles, builder)
-        return RoleGroups(builders, cfg)
-    return OneTask(builder, cfg)
+    builders = wiring.role_builders(builder, cfg.env_id)
+    if None in builders:
+        return OneTask(builders[None], cfg)
+    return RoleGroups(builders, cfg)
 
 
 class OneTask:

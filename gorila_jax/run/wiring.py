@@ -44,17 +44,14 @@ def check_program(
     replay_wiring.check_replay_tables(builder, cfg, spec)
 
 
-def task_roles(
-    builder: Builders, env_id: str, spec: types.EnvSpec | None = None
-) -> tuple[dict[Any, builder_lib.AgentBuilder], dict[Any, types.EnvSpec]]:
-    """role -> agent and role -> spec of the task `env_id`: {None: ...} for a task of one
-    role (of `spec`, if given), each role of a task of several (`multiagent.roles_of`),
-    where `builder` is one agent for every role or role -> agent."""
+def role_builders(builder: Builders, env_id: str) -> dict[Any, builder_lib.AgentBuilder]:
+    """role -> agent of the task `env_id`: {None: builder} for a task of one role; each
+    role of a task of several (`multiagent.roles_of`), where `builder` is one agent for
+    every role or role -> agent."""
     roles = multiagent.roles_of(env_id)
     if not roles:
-        return {None: builder}, {None: spec or envs.env_spec(env_id)}
-    builders = builder if isinstance(builder, dict) else dict.fromkeys(roles, builder)
-    return builders, multiagent.role_specs(env_id)
+        return {None: builder}
+    return builder if isinstance(builder, dict) else dict.fromkeys(roles, builder)
 
 
 def newest_meta(resume: dict[Any, checkpoint.Restored] | None) -> dict[str, Any]:
@@ -71,7 +68,7 @@ def make_program(
     spec: types.EnvSpec | None = None,
     resume: checkpoint.Restored | dict[str, checkpoint.Restored] | None = None,
 ) -> program_lib.Program:
-    """The Gorila graph of a task (`task_roles`): a monitor; per role a replay and what
+    """The Gorila graph of a task (`role_builders`): a monitor; per role a replay and what
     learns from it (`add_learning`: a learner, Gorila workers and shards, federated
     clients); actors and an evaluator acting for every role.
 
@@ -83,7 +80,11 @@ def make_program(
     it: a role's learning state and replay from its checkpoint's step, counters, returns
     and evaluations from the newest checkpoint's meta.
     """
-    builders, specs = task_roles(builder, cfg.env_id, spec)
+    builders = role_builders(builder, cfg.env_id)
+    if None in builders:
+        specs = {None: spec or envs.env_spec(cfg.env_id)}
+    else:
+        specs = multiagent.role_specs(cfg.env_id)
     resumed = {None: resume} if isinstance(resume, checkpoint.Restored) else resume
     meta = newest_meta(resumed)
     restored_counters = meta.get("node_counters", {})
