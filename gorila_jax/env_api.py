@@ -47,6 +47,25 @@ class VectorEnv(Protocol):
     def close(self) -> None: ...
 
 
+class SendRecvByStep:
+    """`send(actions)` then `recv()` as one `step(actions)`: envpool's asynchronous surface
+    for families whose copies step in the caller's thread (Gymnasium's, gymnax's)."""
+
+    _sent: np.ndarray | None = None
+
+    def step(self, actions: np.ndarray) -> tuple:
+        raise NotImplementedError
+
+    def send(self, actions: np.ndarray) -> None:
+        self._sent = actions
+
+    def recv(self) -> tuple:
+        if self._sent is None:
+            raise RuntimeError("recv() before send(): nothing to step")
+        actions, self._sent = self._sent, None
+        return self.step(actions)
+
+
 class EnvFamily(NamedTuple):
     """One family of env ids and how to check, describe and build them.
 
@@ -76,6 +95,39 @@ def check_known(env_id: str, known: Any, otherwise: str) -> None:
     close = difflib.get_close_matches(env_id, list(known), n=5, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; {otherwise}"
     raise ValueError(f"unknown env id {env_id!r}{hint}")
+
+
+def refuse_options(env_id: str, kind: str, options: dict[str, Any]) -> None:
+    """Raises ValueError for envpool options given to a family (`kind`) that takes none;
+    `num_threads`, the size of envpool's thread pool, goes to every family and is dropped."""
+    unused = sorted(name for name in options if name != "num_threads")
+    if unused:
+        raise ValueError(f"{env_id}: {kind} envs take no envpool options ({unused})")
+
+
+def family_without_options(
+    name: str,
+    kind: str,
+    owns: Callable[[str], bool],
+    check_env_id: Callable[[str], None],
+    describe: Callable[[str], types.EnvSpec],
+    vector_env: Callable[[str, int, int], VectorEnv],
+) -> EnvFamily:
+    """A family whose envs take no envpool options (refused, not ignored: `refuse_options`)
+    and whose training and evaluation envs are alike: `describe(env_id)` gives the spec,
+    `vector_env(env_id, num_envs, seed)` the envs."""
+
+    def env_spec(env_id: str, **options: Any) -> types.EnvSpec:
+        refuse_options(env_id, kind, options)
+        return describe(env_id)
+
+    def make_env(
+        env_id: str, num_envs: int, seed: int, evaluation: bool = False, **options: Any
+    ) -> VectorEnv:
+        refuse_options(env_id, kind, options)
+        return vector_env(env_id, num_envs, seed)
+
+    return EnvFamily(name, owns, check_env_id, env_spec, make_env)
 
 
 # Dict observations (dm_control's position, velocity, ...; robotics' goals)

@@ -1,8 +1,9 @@
 """Environments by id: validation, construction and the spec agents build from.
 
 Every id belongs to one family (`FAMILIES`, the interface in env_api.py): envpool's
-tasks, multi-agent `mpe/...` tasks (multiagent.py) and any registered Gymnasium env as
-`gym:<id>` (gym_envs.py), each a `env_api.VectorEnv` of the same rules.
+tasks, multi-agent `mpe/...` tasks (multiagent.py), any registered Gymnasium env as
+`gym:<id>` (gym_envs.py) and gymnax's JAX envs as `gymnax/<id>` (gymnax_envs.py), each
+a `env_api.VectorEnv` of the same rules.
 """
 
 import functools
@@ -12,7 +13,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 
-from gorila_jax import env_api, gym_envs, multiagent, types
+from gorila_jax import env_api, gym_envs, gymnax_envs, multiagent, types
 
 
 @functools.cache
@@ -182,6 +183,7 @@ FAMILIES = (
         _make_mpe_env,
     ),
     gym_envs.FAMILY,
+    gymnax_envs.FAMILY,
     env_api.EnvFamily(
         "envpool",
         lambda env_id: True,

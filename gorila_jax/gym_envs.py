@@ -52,15 +52,13 @@ def _spaces(gym_id: str) -> tuple[Any, Any, int]:
         env.close()
 
 
-def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
+def env_spec(env_id: str) -> types.EnvSpec:
     """The spec of one copy (made and closed once per process).
 
     Raises:
       ValueError: spaces no agent takes, or an env without a time limit (the actor's
         episode accounting and the evaluation need episodes that end).
     """
-    if env_kwargs:
-        raise ValueError(f"{env_id}: gym: envs take no envpool options ({sorted(env_kwargs)})")
     obs_space, act_space, limit = _spaces(_gym_id(env_id))
     if not limit:
         raise ValueError(
@@ -70,7 +68,7 @@ def env_spec(env_id: str, **env_kwargs: Any) -> types.EnvSpec:
     return env_api.spec_from_spaces(env_id, obs_space, act_space, limit)
 
 
-class GymVectorEnv:
+class GymVectorEnv(env_api.SendRecvByStep):
     """A Gymnasium vector env with envpool's surface: `send`/`recv` beside `step`, a
     seed given once at the first `reset`, float32 rewards, and observations in the
     spec's dtype (a dict of Boxes flattened, `env_api.flatten_observations`)."""
@@ -88,7 +86,6 @@ class GymVectorEnv:
         self._dtype = env_spec(env_id).observation_dtype
         self.observation_space = space
         self.action_space = self.env.single_action_space
-        self._sent: np.ndarray | None = None
 
     def _observations(self, observations: Any) -> np.ndarray:
         if self._keys is not None:
@@ -109,27 +106,11 @@ class GymVectorEnv:
             info,
         )
 
-    def send(self, actions: np.ndarray) -> None:
-        self._sent = actions
-
-    def recv(self) -> tuple:
-        if self._sent is None:
-            raise RuntimeError("recv() before send(): nothing to step")
-        actions, self._sent = self._sent, None
-        return self.step(actions)
-
     def close(self) -> None:
         self.env.close()
 
 
-def make_env(
-    env_id: str, num_envs: int, seed: int, evaluation: bool = False, **env_kwargs: Any
-) -> GymVectorEnv:
-    # Training and evaluation envs are alike: Gymnasium's preprocessing is the env's own.
-    env_kwargs.pop("num_threads", None)  # envpool's thread pool
-    if env_kwargs:
-        raise ValueError(f"{env_id}: gym: envs take no envpool options ({sorted(env_kwargs)})")
-    return GymVectorEnv(env_id, num_envs, seed)
-
-
-FAMILY = env_api.EnvFamily("Gymnasium (gym:<id>)", owns, check_env_id, env_spec, make_env)
+# Training and evaluation envs are alike: Gymnasium's preprocessing is the env's own.
+FAMILY = env_api.family_without_options(
+    "Gymnasium (gym:<id>)", "gym:", owns, check_env_id, env_spec, GymVectorEnv
+)

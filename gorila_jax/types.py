@@ -45,6 +45,19 @@ class EnvSpec(NamedTuple):
     def discrete(self) -> bool:
         return self.num_actions > 0
 
+    @property
+    def image_stack(self) -> bool:
+        """uint8 [C, H, W] frame stacks (Atari's layout), what the Nature torso takes."""
+        return len(self.observation_shape) == 3 and self.observation_dtype == "uint8"
+
+    @property
+    def grid(self) -> bool:
+        """[H, W, C] grids of numbers, fewer channels than rows or columns (MinAtar's 0/1
+        channels in gymnax), what the MinAtar torso takes. A channel-first float grid
+        (highway's Racetrack occupancy, [2, 12, 12]) is not one: it is flattened."""
+        shape = self.observation_shape
+        return len(shape) == 3 and not self.image_stack and shape[2] < min(shape[:2])
+
     def zeros_observation(self, batch: int) -> np.ndarray:
         return np.zeros((batch, *self.observation_shape), self.observation_dtype)
 

@@ -18,7 +18,9 @@ BipedalWalker, LunarLanderContinuous, MetaWorld, MyoSuite, Adroit,
 Playground, the other describable dm_control tasks (CartpoleBalance's 5
 numbers, CheetahRun's 17, ...), robotics' goal dicts (Fetch, Hand,
 PointMaze), highway's Parking and LaneKeeping: "continuous".
-MPE tasks (gorila_jax/multiagent.py) of several agents: "multiagent"; of
+gymnax's MinAtar games ([10, 10, C] float grids of 0/1 channels) + Discrete: "grid";
+gymnax's classic control as envpool's. MPE tasks (gorila_jax/multiagent.py) of several
+agents: "multiagent"; of
 one (mpe/simple_v3): as any other env, "vector_discrete".
 Refused with the reason: dicts that do not flatten into numbers (MiniGrid's
 image and text, Jumanji's Discrete and MultiBinary entries, FrankaKitchen's
@@ -53,6 +55,7 @@ FAMILIES = {
     "(Pendulum, MountainCarContinuous, InvertedPendulum)",
     "continuous": f"more than {SMALL_OBSERVATION_SIZE} numbers, continuous actions "
     "(MuJoCo, dm_control, BipedalWalker, LunarLanderContinuous, MetaWorld, MyoSuite)",
+    "grid": "[H, W, C] grids of numbers, channel-last, discrete actions (gymnax's MinAtar)",
     "multiagent": "several agents per env copy, a row each, one shared policy, discrete "
     "actions (MPE's simple_spread)",
 }
@@ -62,12 +65,9 @@ ACTIONS = {
     "vector_discrete": "discrete",
     "small_continuous": "continuous",
     "continuous": "continuous",
+    "grid": "discrete",
     "multiagent": "discrete",
 }
-
-
-def _is_image(spec: types.EnvSpec) -> bool:
-    return spec.observation_dtype == "uint8" and len(spec.observation_shape) == 3
 
 
 def describe(spec: types.EnvSpec) -> str:
@@ -87,8 +87,8 @@ def family(spec: types.EnvSpec) -> str:
     """The family of `FAMILIES` that `spec` belongs to.
 
     Raises:
-      ValueError: saying why no agent here takes `spec` (channel-last images,
-        images with continuous actions, unbounded continuous actions).
+      ValueError: saying why no agent here takes `spec` (channel-last uint8 images,
+        images or grids with continuous actions, unbounded continuous actions).
     """
     if not spec.discrete:
         bounds = np.abs(np.array(spec.action_low + spec.action_high, np.float64))
@@ -102,7 +102,7 @@ def family(spec: types.EnvSpec) -> str:
         # Rows of several agents that share one policy: short episodes, a reward per
         # agent that moves with what the others do; presets of their own.
         return "multiagent"
-    if _is_image(spec):
+    if spec.image_stack:
         channels, height, width = spec.observation_shape
         if channels >= min(height, width):
             raise ValueError(
@@ -115,6 +115,13 @@ def family(spec: types.EnvSpec) -> str:
                 "has a preset for them (SAC has no conv torso)"
             )
         return "image"
+    if spec.grid:
+        if not spec.discrete:
+            raise ValueError(
+                f"{spec.env_id} has grid observations with continuous actions; no agent here "
+                "has a preset for them (SAC has no conv torso)"
+            )
+        return "grid"
     if spec.discrete:
         return "vector_discrete"
     size = math.prod(spec.observation_shape)

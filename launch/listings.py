@@ -7,7 +7,7 @@ import envpool
 import envpool.registration
 
 from agents import registry
-from gorila_jax import envs, multiagent, types
+from gorila_jax import envs, gymnax_envs, multiagent, types
 from launch import families, presets
 
 
@@ -78,8 +78,8 @@ def _roles_header(env_id: str, cache: dict) -> str:
 
 
 def env_lines() -> list[str]:
-    """envpool's task ids by family and action kind, each group under a line naming the
-    agents that can act there."""
+    """envpool's, mpe2's and gymnax's task ids by family and action kind, each group under a
+    line naming the agents that can act there."""
     groups: dict[tuple[str, str], list[str]] = {}
     cache: dict = {}
     tasks = [
@@ -88,6 +88,7 @@ def env_lines() -> list[str]:
             for env_id in envpool.list_all_envs()
         ),
         *((env_id, "mpe2") for env_id in multiagent.known_env_ids()),
+        *((env_id, "gymnax") for env_id in gymnax_envs.known_env_ids()),
     ]
     for env_id, package in tasks:
         family = package.removeprefix("envpool.")

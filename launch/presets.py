@@ -29,6 +29,7 @@ AUTO_PRESETS = {
     "vector_discrete": {"dqn": "cartpole", "qrdqn": "cartpole", "ppo": "cartpole"},
     "small_continuous": {"ppo": "pendulum", "sac": "pendulum"},
     "continuous": {"ppo": "mujoco", "sac": "mujoco"},
+    "grid": {"dqn": "minatar", "qrdqn": "minatar", "ppo": "minatar"},
     "multiagent": {"dqn": "mpe", "ppo": "mpe"},
 }
 # Within a family, the preset an env's name (before the version) picks, for the

@@ -99,7 +99,7 @@ def test_conv_torsos_map_uint8_frames_to_float32_q_values(torso):
 
 
 def test_conv_torso_on_vector_observations_is_rejected():
-    with pytest.raises(ValueError, match="nature torso needs image stacks"):
+    with pytest.raises(ValueError, match="nature torso needs uint8 image stacks"):
         networks.make_network(envs.env_spec("CartPole-v1"), (64,), True, torso="nature")
     assert networks.make_network(envs.env_spec("CartPole-v1"), (64,), True).torso == "mlp"
 

@@ -40,6 +40,7 @@ LAYERS = (
         "envs",
         "env_api",
         "gym_envs",
+        "gymnax_envs",
         "multiagent",
         "metrics",
         "curves",

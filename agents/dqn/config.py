@@ -2,10 +2,11 @@
 
 import dataclasses
 
+from agents.dqn.networks import TORSOS
 from gorila_jax import config_checks, replay
 
 CHOICES = {
-    "torso": ("auto", "mlp", "nature", "impala"),
+    "torso": ("auto", *TORSOS),
     "clip_mode": ("global", "layer"),
     "precision": ("fp32", "bf16", "fp16"),
     "actor_params_dtype": ("float32", "bfloat16"),
@@ -51,7 +52,8 @@ class DQNConfig:
     Attributes:
       torso: "mlp" (vector observations), "nature" (the Nature DQN conv torso,
         Mnih et al., 2015), "impala" (the wider IMPALA residual torso,
-        Espeholt et al., 2018), or "auto": nature for image observations, else mlp.
+        Espeholt et al., 2018), "minatar" (one small conv on [H, W, C] grids, Young and
+        Tian, 2019), or "auto": nature for uint8 image stacks, minatar for grids, else mlp.
       hidden_sizes: widths of the MLP layers (the whole MLP torso, or the
         layers after a conv torso).
       dueling: split the head into value and advantage streams (Wang et al., 2016).

@@ -8,7 +8,11 @@ import jax.numpy as jnp
 from agents import conv
 from gorila_jax import types
 
-TORSOS = ("mlp", "nature", "impala")
+TORSOS = ("mlp", "nature", "impala", "minatar")
+# Torsos of uint8 [C, H, W] frame stacks (Atari's layout), and of [H, W, C] grids of
+# numbers (MinAtar's 0/1 channels, gymnax's layout).
+STACK_TORSOS = ("nature", "impala")
+GRID_TORSOS = ("minatar",)
 
 
 def _dense(size: int, dtype: Any) -> nn.Dense:
@@ -71,6 +75,28 @@ class ImpalaTorso(nn.Module):
         return x.reshape((x.shape[0], -1))
 
 
+class MinAtarTorso(nn.Module):
+    """Young and Tian's (2019) MinAtar torso: one 16x3x3/1 convolution on the grid."""
+
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, grids: jnp.ndarray) -> jnp.ndarray:
+        x = nn.relu(_conv(16, 3, 1, "VALID", self.dtype)(grids.astype(self.dtype)))
+        return x.reshape((x.shape[0], -1))
+
+
+def conv_features(obs: jnp.ndarray, torso: str, dtype: Any) -> jnp.ndarray:
+    """A conv torso's flat features [B, F] of a batch of observations (`torso` one of
+    `STACK_TORSOS` or `GRID_TORSOS`). Called inside an `nn.compact` `__call__`, whose
+    submodule it makes."""
+    if torso == "minatar":
+        return MinAtarTorso(dtype)(obs)
+    if torso == "nature":
+        return NatureTorso(dtype)(_images_nhwc(obs, dtype))
+    return ImpalaTorso(dtype=dtype)(_images_nhwc(obs, dtype))
+
+
 class QNetwork(nn.Module):
     """Torso, ReLU layers, then a plain or dueling head (Wang et al., 2016).
 
@@ -78,7 +104,7 @@ class QNetwork(nn.Module):
       num_actions: size of the discrete action set.
       hidden_sizes: widths of the ReLU layers after the torso.
       torso: "mlp" flattens observations; "nature" and "impala" take uint8
-        [B, C, H, W] frame stacks.
+        [B, C, H, W] frame stacks, "minatar" [B, H, W, C] grids.
       dueling: Q = V + A - mean(A) instead of a single linear head.
       layer_norm: normalize each ReLU layer's input (Dense, LayerNorm, ReLU).
       dtype: compute dtype; parameters are always float32.
@@ -111,12 +137,10 @@ def features(
     Called inside a head's `nn.compact` `__call__`: its layers are the head's
     own submodules (named as if written there), so DQN and QR-DQN share them.
     """
-    if torso == "nature":
-        x = NatureTorso(dtype)(_images_nhwc(obs, dtype))
-    elif torso == "impala":
-        x = ImpalaTorso(dtype=dtype)(_images_nhwc(obs, dtype))
-    else:
+    if torso == "mlp":
         x = obs.reshape((obs.shape[0], -1)).astype(dtype)
+    else:
+        x = conv_features(obs, torso, dtype)
     for size in hidden_sizes:
         x = _dense(size, dtype)(x)
         if layer_norm:
@@ -126,27 +150,42 @@ def features(
 
 
 def resolve_torso(torso: str, spec: types.EnvSpec) -> str:
-    """`auto` is the Nature torso for image stacks ([C, H, W]), else the MLP."""
+    """`auto` is the Nature torso for uint8 frame stacks ([C, H, W]), the MinAtar torso
+    for [H, W, C] grids, else the MLP."""
     if torso != "auto":
         return torso
-    return "nature" if len(spec.observation_shape) == 3 else "mlp"
+    if spec.image_stack:
+        return "nature"
+    return "minatar" if spec.grid else "mlp"
+
+
+def fitting_torso(torso: str, spec: types.EnvSpec) -> str:
+    """The torso `torso` resolves to for `spec`.
+
+    Raises:
+      ValueError: a conv torso on observations of another layout, saying which fits.
+    """
+    torso = resolve_torso(torso, spec)
+    observed = f"{spec.env_id} observes {spec.observation_dtype} {list(spec.observation_shape)}"
+    fits = f"use torso='{resolve_torso('auto', spec)}'"
+    if torso in STACK_TORSOS and not spec.image_stack:
+        raise ValueError(
+            f"the {torso} torso needs uint8 image stacks [C, H, W]; {observed} ({fits})"
+        )
+    if torso in GRID_TORSOS and not spec.grid:
+        raise ValueError(f"the {torso} torso needs [H, W, C] grids of numbers; {observed} ({fits})")
+    return torso
 
 
 def checked_torso(torso: str, spec: types.EnvSpec, agent: str) -> str:
     """The torso `torso` resolves to for `spec`.
 
     Raises:
-      ValueError: `spec` has continuous actions, or `torso` needs images it lacks.
+      ValueError: `spec` has continuous actions, or `torso` does not fit its observations.
     """
     if not spec.discrete:
         raise ValueError(f"{agent} needs discrete actions; {spec.env_id} has continuous ones")
-    torso = resolve_torso(torso, spec)
-    if torso in ("nature", "impala") and len(spec.observation_shape) != 3:
-        raise ValueError(
-            f"the {torso} torso needs image stacks [C, H, W]; {spec.env_id} observations "
-            f"have shape {spec.observation_shape} (use torso='mlp')"
-        )
-    return torso
+    return fitting_torso(torso, spec)
 
 
 def make_network(

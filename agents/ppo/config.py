@@ -2,10 +2,11 @@
 
 import dataclasses
 
+from agents.dqn.networks import TORSOS
 from gorila_jax import config_checks
 
 CHOICES = {
-    "torso": ("auto", "mlp", "nature", "impala"),
+    "torso": ("auto", *TORSOS),
     "activation": ("tanh", "relu"),
     "precision": ("fp32", "bf16"),
 }
@@ -22,8 +23,9 @@ class PPOConfig:
 
     Attributes:
       torso: "mlp" (vector observations: separate policy and value MLPs),
-        "nature" or "impala" (image stacks: one conv torso shared by both
-        heads), or "auto": nature for image observations, else mlp.
+        "nature" or "impala" (uint8 image stacks) or "minatar" ([H, W, C] grids): one
+        conv torso shared by both heads; or "auto": nature for image stacks, minatar for
+        grids, else mlp.
       hidden_sizes: widths of each MLP (or of the layers after a conv torso).
       activation: the MLP's nonlinearity (conv torsos use ReLU).
       init_log_std: initial log standard deviation of the Gaussian policy

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.dqn.networks import ImpalaTorso, NatureTorso, resolve_torso
+from agents.dqn.networks import conv_features, fitting_torso
 from gorila_jax import types
 
 
@@ -115,8 +115,8 @@ class ActorCritic(nn.Module):
       action_size: dimensions of a continuous action (0 for discrete ones).
       hidden_sizes: MLP widths.
       torso: "mlp": separate policy and value MLPs on flat observations;
-        "nature"/"impala": a shared conv torso on uint8 [B, C, H, W] frame
-        stacks, then one shared ReLU MLP.
+        "nature"/"impala" (uint8 [B, C, H, W] frame stacks) or "minatar" ([B, H, W, C]
+        grids): a shared conv torso, then one shared ReLU MLP.
       activation: the MLP nonlinearity of the "mlp" torso.
       init_log_std: starting log standard deviation (continuous actions).
       dtype: compute dtype; parameters are float32.
@@ -132,12 +132,8 @@ class ActorCritic(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[DistInputs, jax.Array]:
-        if self.torso in ("nature", "impala"):
-            images = jnp.transpose(obs, (0, 2, 3, 1)).astype(self.dtype) / 255.0
-            if self.torso == "nature":
-                features = NatureTorso(self.dtype)(images)
-            else:
-                features = ImpalaTorso(dtype=self.dtype)(images)
+        if self.torso != "mlp":
+            features = conv_features(obs, self.torso, self.dtype)
             shared = MLP(self.hidden_sizes, "relu", self.dtype)(features)
             policy_x = value_x = shared
         else:
@@ -163,12 +159,7 @@ def make_network(
     init_log_std: float = 0.0,
     dtype: Any = jnp.float32,
 ) -> ActorCritic:
-    torso = resolve_torso(torso, spec)
-    if torso in ("nature", "impala") and len(spec.observation_shape) != 3:
-        raise ValueError(
-            f"the {torso} torso needs image stacks [C, H, W]; {spec.env_id} observations "
-            f"have shape {spec.observation_shape} (use torso='mlp')"
-        )
+    torso = fitting_torso(torso, spec)
     if not spec.discrete and len(spec.action_shape) != 1:
         raise ValueError(
             f"the Gaussian policy needs flat continuous actions; {spec.env_id} actions have "

@@ -5,7 +5,17 @@ from typing import Any
 
 from agents import ppo
 
-PPO_PRESETS = ("default", "cartpole", "simple", "medium", "hard", "pendulum", "mujoco", "mpe")
+PPO_PRESETS = (
+    "default",
+    "cartpole",
+    "simple",
+    "medium",
+    "hard",
+    "pendulum",
+    "mujoco",
+    "mpe",
+    "minatar",
+)
 _ATARI_CHANGES = (
     "CleanRL's Atari PPO: Nature torso, 128-step chunks, 4 epochs x 4 minibatches, clip 0.1, "
     "lr 2.5e-4, 10M env steps, pull every {} actor steps"
@@ -31,6 +41,11 @@ PPO_PRESET_INFO = {
         "MPE (one shared role)",
         "cartpole's with 50-step chunks (2 episodes), 10 epochs x 4 minibatches, lr 5e-4, "
         "300k agent steps",
+    ),
+    "minatar": (
+        "MinAtar (gymnax), [10, 10, C] grids",
+        "one 16x3x3 conv then 128 units, 128-step chunks, batch of 8 chunks, 4 epochs x 8 "
+        "minibatches, lr 3e-4, clip 0.2, entropy 0.01, 1M env steps",
     ),
 }
 
@@ -129,6 +144,24 @@ def _mpe() -> tuple[ppo.PPOConfig, dict[str, Any]]:
     return config, {"num_envs_per_actor": 8, "total_env_steps": 300_000}
 
 
+def _minatar() -> tuple[ppo.PPOConfig, dict[str, Any]]:
+    # PureJaxRL's PPO values as pgx's MinAtar example runs them (lr 3e-4, 128-step
+    # rollouts, clip 0.2, entropy 0.01, GAE 0.95), at a CPU's scale: 8 chunks per batch
+    # where it takes 4,096 envs, and 1M env steps where it takes 20M. MinAtar's own torso
+    # (Young and Tian, 2019). Not tuned here yet.
+    config = dataclasses.replace(
+        _cartpole()[0],
+        torso="minatar",
+        hidden_sizes=(128,),
+        trajectory_length=128,
+        num_epochs=4,
+        num_minibatches=8,
+        learning_rate=3e-4,
+        learning_rate_decay_updates=0,
+    )
+    return config, {"num_actors": 2, "num_envs_per_actor": 8, "total_env_steps": 1_000_000}
+
+
 def ppo_preset(name: str) -> tuple[ppo.PPOConfig, dict[str, Any]]:
     """PPO config and experiment settings of preset `name` (not `auto`)."""
     if name == "default":
@@ -137,6 +170,8 @@ def ppo_preset(name: str) -> tuple[ppo.PPOConfig, dict[str, Any]]:
         return _cartpole()
     if name == "mpe":
         return _mpe()
+    if name == "minatar":
+        return _minatar()
     if name in _ATARI_PULL_INTERVAL:
         return _atari(name)
     if name == "pendulum":

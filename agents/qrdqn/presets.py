@@ -6,7 +6,7 @@ from typing import Any
 from agents import qrdqn
 from agents.dqn import presets as dqn_presets
 
-QRDQN_PRESETS = ("default", "cartpole", "lunarlander")
+QRDQN_PRESETS = ("default", "cartpole", "lunarlander", "minatar")
 # preset -> (env family, what it changes), for `--list_presets`.
 QRDQN_PRESET_INFO = {
     "default": ("Atari", "QRDQNConfig() as it is: DQN's Atari values, 51 quantiles"),
@@ -19,7 +19,20 @@ QRDQN_PRESET_INFO = {
         "LunarLander, Acrobot",
         "DQN's lunarlander preset (RL Zoo's DQN values) with 51 quantiles, 100k env steps",
     ),
+    "minatar": (
+        "MinAtar (gymnax), [10, 10, C] grids",
+        "DQN's minatar preset (Young and Tian's DQN values) with 51 quantiles, 1M env steps",
+    ),
 }
+
+
+def _with_quantiles(dqn_preset: str) -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
+    """DQN's preset `dqn_preset` as QR-DQN's, with 51 quantiles."""
+    dqn_config, settings = dqn_presets.dqn_preset(dqn_preset)
+    config = dataclasses.replace(
+        qrdqn.QRDQNConfig(**dataclasses.asdict(dqn_config)), num_quantiles=51
+    )
+    return config, settings
 
 
 def _cartpole() -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
@@ -31,10 +44,9 @@ def _cartpole() -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
     # 16 samples per insert (`--config.samples_per_insert=16`) ended at IQM 500.0
     # [494.5, 500.0] where this preset's 8 ended at 433.1 (docs/presets.md, "Against the
     # reference implementations"); DQN's preset keeps 8, and so does this one.
-    dqn_config, settings = dqn_presets.dqn_preset("cartpole")
+    config, settings = _with_quantiles("cartpole")
     config = dataclasses.replace(
-        qrdqn.QRDQNConfig(**dataclasses.asdict(dqn_config)),
-        num_quantiles=51,
+        config,
         learning_rate=2e-3,
         # What QR-DQN was measured with (DQN's preset before its 128x128 network and its 8
         # updates per call, issue 17); re-measure before taking DQN's newer values.
@@ -49,11 +61,7 @@ def _lunarlander() -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
     # Acrobot-v1 on top of the cartpole preset; agents/dqn/presets.py) with 51 quantiles.
     # At 100k env steps, seeds 0-4, LunarLander-v2 ended at IQM 199.9 [165.5, 239.4]
     # (RL Zoo's QR-DQN: 70.2); with the cartpole preset `auto` gave it before, not measured.
-    dqn_config, settings = dqn_presets.dqn_preset("lunarlander")
-    config = dataclasses.replace(
-        qrdqn.QRDQNConfig(**dataclasses.asdict(dqn_config)), num_quantiles=51
-    )
-    return config, settings
+    return _with_quantiles("lunarlander")
 
 
 def qrdqn_preset(name: str) -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
@@ -64,6 +72,9 @@ def qrdqn_preset(name: str) -> tuple[qrdqn.QRDQNConfig, dict[str, Any]]:
         return _cartpole()
     if name == "lunarlander":
         return _lunarlander()
+    if name == "minatar":
+        # Not measured yet (issue 38's MinAtar results).
+        return _with_quantiles("minatar")
     raise ValueError(
         f"unknown preset {name!r}; QR-DQN has {QRDQN_PRESETS} (and auto), "
         "or give a .json/.yaml file"

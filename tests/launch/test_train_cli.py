@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from agents import registry
-from gorila_jax import envs, multiagent, replay
+from gorila_jax import envs, gymnax_envs, multiagent, replay
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from launch import listings, presets, train
@@ -146,7 +146,7 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         ({"config": {"batch_size": 0}}, "config.batch_size must be positive"),
         ({"config": {"adam_b1": 1.0}}, r"config.adam_b1 must lie in \[0, 1\)"),
         ({"config": {"precision": "fp8"}}, "config.precision must be one of"),
-        ({"config": {"torso": "nature"}}, "nature torso needs image stacks"),
+        ({"config": {"torso": "nature"}}, "nature torso needs uint8 image stacks"),
         ({"preset": "/tmp/gorila-no-such-preset.yaml"}, "does not exist"),
         (
             {"num_learner_hosts": 2, "launcher": "ray", "learner_mode": "gorila"},
@@ -340,7 +340,12 @@ def test_list_envs_names_the_agents_that_can_act_in_each_env(env_groups):
         "agent (1): dqn, ppo, qrdqn"
     )
     listed = [env_id for ids in env_groups.values() for env_id in ids]
-    assert sorted(listed) == sorted([*envpool.list_all_envs(), *multiagent.known_env_ids()])
+    if gymnax_envs.known_env_ids():  # the default set's; the DeepMind set has no gymnax
+        assert _header_of(env_groups, "gymnax/Breakout-MinAtar") == (
+            "gymnax | discrete actions: dqn, ppo, qrdqn"
+        )
+    known = [*envpool.list_all_envs(), *multiagent.known_env_ids(), *gymnax_envs.known_env_ids()]
+    assert sorted(listed) == sorted(known)
     gymnasium_line = "gymnasium | any registered Gymnasium env"
     assert any(header.startswith(gymnasium_line) for header in env_groups)
 
