@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -32,11 +32,34 @@ from gorila_jax.distributed import program
 from gorila_jax.federated import privacy as privacy_lib
 from gorila_jax.federated import secure_aggregation as secagg
 from gorila_jax.health.monitor import HEARTBEAT_INTERVAL_S
-from gorila_jax.learning import learner
+from gorila_jax.learning import checkpoint, learner
 
 GROUP = "coordinator"
 ROUNDS_METRIC = "federated/rounds"
 EPSILON_METRIC = "federated/epsilon"
+
+
+class CoordinatorSettings(NamedTuple):
+    """How the coordinator runs rounds, reports and checkpoints.
+
+    Attributes:
+      local_updates: the clients' learner steps per round.
+      rounds: rounds to run; 0 runs until stopped.
+      privacy: the clients' privacy settings, for the epsilon reported each round.
+      secure: the clients mask their updates.
+      heartbeat_interval_s: heartbeat period.
+      checkpoint_every_rounds: a checkpoint of the global model after every this many
+        rounds, and when the coordinator stops; 0: none.
+      max_checkpoints_to_keep: older checkpoints are deleted.
+    """
+
+    local_updates: int
+    rounds: int = 0
+    privacy: privacy_lib.PrivacySettings | None = None
+    secure: bool = True
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    checkpoint_every_rounds: int = 0
+    max_checkpoints_to_keep: int = 2
 
 
 class FederatedClientNode(learner.LearnerNode):
@@ -127,15 +150,18 @@ class CoordinatorNode(program.Worker):
     """Averages the clients' updates into the global parameters, one round at a time, and
     serves those parameters to the evaluator (`get_params`, as a learner does).
 
+    Its checkpoints are the run's (`<logdir>/checkpoints/learner/<round>`): the agent's
+    initial state with the global trainable parameters, saved with the monitor's state as
+    a learner's are, so that `--resume` finds them where it finds a learner's. Each
+    client keeps its own learner and replay checkpoints (`checkpoint.client_logdir`).
+
     Args:
       builder, spec, seed: the agent, the env, and the seed of the initial parameters.
       clients: the clients' learners (`FederatedClientNode`), in client order.
       monitor: the monitor's client (or None).
-      local_updates: the clients' learner steps per round.
-      rounds: rounds to run; 0 runs until stopped.
-      privacy: the clients' privacy settings, for the epsilon reported each round.
-      secure: the clients mask their updates.
-      heartbeat_interval_s: heartbeat period.
+      settings: rounds, privacy, reports and checkpoints (`CoordinatorSettings`).
+      checkpoint_dir: where its checkpoints go (absolute); None: none.
+      restore_step: the round of the checkpoint to start from (a resume); None: round 0.
     """
 
     def __init__(
@@ -145,28 +171,72 @@ class CoordinatorNode(program.Worker):
         clients: list[program.Client],
         monitor: program.Client | None,
         seed: int,
-        local_updates: int,
-        rounds: int = 0,
-        privacy: privacy_lib.PrivacySettings | None = None,
-        secure: bool = True,
-        heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
+        settings: CoordinatorSettings,
+        checkpoint_dir: str | None = None,
+        restore_step: int | None = None,
     ):
         super().__init__()
         self._builder, self._clients, self._monitor = builder, clients, monitor
-        self._rounds, self._privacy, self._secure = rounds, privacy, secure
-        self._local_updates = local_updates
-        self._heartbeat_interval_s = heartbeat_interval_s
+        self._settings = settings
         self._template = jax.device_get(builder_lib.initial_train_state(builder, spec, seed))
         flat, self._unravel = flatten_util.ravel_pytree(
             builder.state_access.trainable_params(self._template)
         )
         self._global = np.asarray(flat, np.float64)
-        self._lock = threading.Lock()
-        self._version, self._published = 0, self._actor_params()
         self._round = 0
-        self._epsilon = 0.0
         self._bytes_received = 0
         self._redone = 0
+        self._checkpoints = None
+        if checkpoint_dir is not None:
+            self._checkpoints = checkpoint.LearnerCheckpoints(
+                checkpoint_dir, settings.max_checkpoints_to_keep
+            )
+        if restore_step is not None:
+            self._restore(restore_step)
+        self._last_checkpoint_round = self._round
+        self._lock = threading.Lock()
+        self._version, self._published = self._round, self._actor_params()
+        self._epsilon = self._epsilon_after(self._round)
+
+    def _restore(self, round_saved: int) -> None:
+        if self._checkpoints is None:
+            raise ValueError("restore_step needs a checkpoint_dir")
+        state, meta = self._checkpoints.restore(round_saved, self._template)
+        flat, _ = flatten_util.ravel_pytree(self._builder.state_access.trainable_params(state))
+        self._global = np.asarray(flat, np.float64)
+        self._round = int(meta["learner_steps"])
+        counters = meta.get("node_counters", {}).get(self.name, {})
+        self._redone = int(counters.get("redone_attempts", 0))
+        self._bytes_received = int(meta.get("federated", {}).get("bytes_received", 0))
+
+    def _epsilon_after(self, rounds: int) -> float:
+        if self._settings.privacy is None or not rounds:
+            return 0.0
+        return privacy_lib.epsilon_after(self._settings.privacy, rounds)
+
+    def save_checkpoint(self) -> int:
+        """Saves the global model at the current round, with the monitor's state (every
+        node's counters, the returns and evaluations) as a learner's checkpoint has it.
+
+        Returns:
+          The round saved.
+        """
+        if self._checkpoints is None:
+            raise RuntimeError(f"{self.name} was built without a checkpoint_dir")
+        with self._lock:
+            round_now, flat = self._round, self._global
+        params = self._unravel(np.asarray(flat, np.float32))
+        state = self._builder.state_access.with_trainable_params(self._template, params)
+        meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
+        meta.setdefault("node_counters", {})[self.name] = self._counters()
+        meta.update(
+            learner_steps=round_now,
+            federated={"bytes_received": self._bytes_received},
+            unix_time=time.time(),
+        )
+        self._checkpoints.save(round_now, jax.device_get(state), meta)
+        self._last_checkpoint_round = round_now
+        return round_now
 
     @property
     def name(self) -> str:
@@ -186,12 +256,18 @@ class CoordinatorNode(program.Worker):
     def run(self) -> None:
         try:
             self._sync_all()
-            while not self.stopping and (not self._rounds or self._round < self._rounds):
+            rounds = self._settings.rounds
+            while not self.stopping and (not rounds or self._round < rounds):
                 participants = self._wait_for_round()
                 if participants is None:
                     break
                 self._run_round(participants)
-            self._report()
+                every = self._settings.checkpoint_every_rounds
+                if every and self._round - self._last_checkpoint_round >= every:
+                    self.save_checkpoint()
+            self._report(block=True)  # the final checkpoint reads the monitor's counters
+            if self._checkpoints is not None:
+                self.save_checkpoint()
         finally:
             self._finished.set()
 
@@ -221,13 +297,13 @@ class CoordinatorNode(program.Worker):
                     continue
                 if steps < 0:
                     self._send_global(index)
-                if steps >= self._local_updates:
+                if steps >= self._settings.local_updates:
                     done.append(index)
                 else:
                     waiting += 1
             if len(done) >= 2 and not waiting:
                 return done
-            if time.monotonic() - last_report >= self._heartbeat_interval_s:
+            if time.monotonic() - last_report >= self._settings.heartbeat_interval_s:
                 self._report()
                 last_report = time.monotonic()
             self.sleep(0.05)
@@ -259,7 +335,7 @@ class CoordinatorNode(program.Worker):
                 continue
             self._bytes_received += sum(update.nbytes for update, _ in answers.values())
             updates = {i: update for i, (update, _) in answers.items()}
-            if self._secure:
+            if self._settings.secure:
                 total = secagg.masked_sum(updates, set(updates))
             else:
                 total = np.sum([np.asarray(u, np.float64) for u in updates.values()], axis=0)
@@ -268,21 +344,23 @@ class CoordinatorNode(program.Worker):
                 self._round += 1
                 self._version = self._round
                 self._published = self._actor_params()
-            if self._privacy is not None:
-                self._epsilon = privacy_lib.epsilon_after(self._privacy, self._round)
+            self._epsilon = self._epsilon_after(self._round)
             for index in range(len(self._clients)):
                 self._send_global(index)
             self._report()
             return
 
-    def _report(self) -> None:
+    def _counters(self) -> dict[str, int]:
+        return {"rounds": self._round, "redone_attempts": self._redone}
+
+    def _report(self, block: bool = False) -> None:
         if self._monitor is None:
             return
-        counters = {"rounds": self._round, "redone_attempts": self._redone}
         metrics = {
             ROUNDS_METRIC: float(self._round),
             "federated/bytes_received": float(self._bytes_received),
         }
-        if self._privacy is not None:
+        if self._settings.privacy is not None:
             metrics[EPSILON_METRIC] = self._epsilon
-        self._monitor.futures.report(self.name, counters, metrics=metrics)
+        report = self._monitor.report if block else self._monitor.futures.report
+        report(self.name, self._counters(), metrics=metrics)

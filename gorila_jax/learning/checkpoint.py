@@ -43,6 +43,7 @@ from gorila_jax.learning.checkpoint_files import CheckpointError
 LEARNER_DIR = "learner"
 REPLAY_DIR = "replay"
 ROLES_DIR = "roles"  # <logdir>/roles/<role>: each role group's own config and checkpoints
+CLIENTS_DIR = "clients"  # <logdir>/clients/<i>: a federated client's learner and replay
 REPLAY_SHARD_PREFIX = "shard_"
 
 
@@ -55,6 +56,12 @@ def role_logdir(logdir: str, role: str | None) -> str:
     """Where role `role` of a program of role groups keeps its config and checkpoints
     (`<logdir>/roles/<role>`); `logdir` itself without a role."""
     return logdir if role is None else os.path.join(logdir, ROLES_DIR, role)
+
+
+def client_logdir(logdir: str, client: int) -> str:
+    """Where client `client` of a federated run keeps its learner and replay checkpoints
+    (`<logdir>/clients/<client>`); the run's own checkpoints are the coordinator's."""
+    return os.path.join(logdir, CLIENTS_DIR, str(client))
 
 
 def learner_dir(logdir: str) -> str:
@@ -245,8 +252,8 @@ def restore_newest(
     )
 
 
-def find_resume_point(logdir: str, target: Any) -> Restored:
-    """The newest checkpoint whose learner state and replay are both intact.
+def find_resume_point(logdir: str, target: Any, need_replay: bool = True) -> Restored:
+    """The newest checkpoint whose learner state (and replay, with `need_replay`) is intact.
 
     Newer, unusable checkpoints are deleted (with a warning each), so that
     the resumed run's own checkpoints are the newest ones.
@@ -254,13 +261,18 @@ def find_resume_point(logdir: str, target: Any) -> Restored:
     Raises:
       CheckpointError: if no checkpoint is usable.
     """
-    restored = restore_newest(logdir, target, need_replay=True)
+    restored = restore_newest(logdir, target, need_replay=need_replay)
     remove_newer(logdir, restored.step)
     return restored
 
 
 def prepare_logdir(
-    logdir: str, resume: bool, builder: Any, experiment: Any, init_state: Callable[[], Any]
+    logdir: str,
+    resume: bool,
+    builder: Any,
+    experiment: Any,
+    init_state: Callable[[], Any],
+    need_replay: bool = True,
 ) -> Restored | None:
     """Finds the checkpoint to resume from; then records the configs.
 
@@ -270,6 +282,8 @@ def prepare_logdir(
         files were set aside: `gorila_jax/run/logdir.py`).
       builder, experiment: the agent's builder and the experiment config.
       init_state: makes a fresh train state, the target for restoring.
+      need_replay: the run's checkpoints have their replay beside them, which a resume
+        needs intact too (a federated run's replays are its clients').
 
     Returns:
       The checkpoint to resume from, or None for a new run.
@@ -277,7 +291,7 @@ def prepare_logdir(
     restored = None
     if resume:
         _print_config_changes(logdir, builder, experiment)
-        restored = find_resume_point(logdir, jax.device_get(init_state()))
+        restored = find_resume_point(logdir, jax.device_get(init_state()), need_replay)
         replay_sizes = restored.meta.get("replay", {}).get("table_sizes")
         print(
             f"resuming from learner step {restored.step:,} ({total(restored.meta, 'env_steps'):,} "

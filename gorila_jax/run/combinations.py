@@ -89,7 +89,6 @@ KINDS = (
         "learner_mode=federated",
         lambda cfg: cfg.learner_mode == "federated",
         (
-            "resume",
             "num_replay_shards > 1",
             "num_learner_hosts > 1",
             "param_cache_per_host",
@@ -98,10 +97,11 @@ KINDS = (
             "balance_remedy=replace",
             "demos",
             "a tiered replay",
+            # A client's rollback would bring back its parameters of an older round.
+            "max_nonfinite_steps, rollback_lr_factor or rollback_param_noise off its default",
         ),
         "learner_mode=federated does not support {asked} yet",
-        "each client has its own replay and learner, wired apart from a single-learner "
-        "run's; a federated run keeps no checkpoints yet",
+        "each client has its own replay and learner, wired apart from a single-learner run's",
     ),
     RunKind(
         "an env without a thread pool (`mpe/`, `gym:` ids)",

@@ -278,8 +278,7 @@ class ExperimentConfig(
 
     @property
     def saves_checkpoints(self) -> bool:
-        # A federated run keeps no checkpoints yet (docs/federated.md).
-        return self.checkpoint_interval_steps > 0 and learning_modes.of(self).keeps_checkpoints
+        return self.checkpoint_interval_steps > 0
 
     def privacy_settings(self) -> privacy.PrivacySettings | None:
         """A federated run's differential-privacy settings; None without DP."""

@@ -15,14 +15,13 @@ import functools
 from typing import Any, Callable, NamedTuple
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import types
+from gorila_jax import replay, types
 from gorila_jax.distributed import multihost
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.federated import nodes as federated_nodes
 from gorila_jax.gorila import mode as gorila_mode
 from gorila_jax.gorila import parameter_server, shard_node
-from gorila_jax.health import monitor
-from gorila_jax.learning import learner, multihost_learner, sync_learner
+from gorila_jax.learning import checkpoint, learner, multihost_learner, sync_learner
 
 
 class ParamSources(NamedTuple):
@@ -61,11 +60,20 @@ class SyncMode:
     """One learner group: a process per learner host."""
 
     name = "sync"
-    keeps_checkpoints = True
+    # Whether the run's checkpoint (in <logdir>/checkpoints) has its replay beside it, at
+    # the same step: a resume then needs both intact.
+    replay_beside_checkpoint = True
 
     def replay_copies(self, cfg: Any) -> int:
         """How many separate replays (each of cfg.num_replay_shards shards) the run has."""
         return 1
+
+    def replay_checkpoints(
+        self, logdir: str, copy: int, restore_step: int | None
+    ) -> tuple[str, int | None]:
+        """(the logdir whose checkpoints/replay/ replay copy `copy` keeps its checkpoints
+        in, the step it restores) for a run resumed at `restore_step` (None: a new run)."""
+        return logdir, restore_step
 
     def check_agent(self, builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
         """Raises ValueError for an agent this mode cannot run."""
@@ -195,19 +203,31 @@ class GorilaMode(SyncMode):
 class FederatedMode(SyncMode):
     """A client (a learner) on each of num_clients replays, and a coordinator averaging
     their updates round by round (docs/federated.md). Actor i acts for client
-    i % num_clients, so a client's data never leaves it. No checkpoints yet: a restarted
-    client starts from the current global parameters."""
+    i % num_clients, so a client's data never leaves it.
+
+    Checkpoints: the coordinator's are the run's (the global model at a round, with the
+    monitor's state); each client keeps its learner and replay in
+    `checkpoint.client_logdir`, at its own learner steps. A resume, or a restarted
+    client, takes each client's newest; the coordinator then hands every client the
+    global model of its round, which replaces the client's trainable parameters (its
+    optimizer state and replay stay its own)."""
 
     name = "federated"
-    keeps_checkpoints = False
+    replay_beside_checkpoint = False
 
     def replay_copies(self, cfg: Any) -> int:
         return cfg.num_clients
+
+    def replay_checkpoints(self, logdir, copy, restore_step):
+        newest = None if restore_step is None else replay.NEWEST
+        return checkpoint.client_logdir(logdir, copy), newest
 
     def add_nodes(self, program, builder, cfg, spec, where: LearningNodes) -> ParamSources:
         """The clients and the coordinator; the evaluator reads the coordinator's global
         parameters, actor i its client's."""
         privacy = cfg.privacy_settings()
+        saving = where.checkpoint_dir is not None
+        restore = None if where.restore_step is None else sync_learner.NEWEST
         with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
             clients = [
                 program.add_node(
@@ -217,8 +237,14 @@ class FederatedMode(SyncMode):
                     where.replays[client],
                     where.monitor,
                     cfg.seed,
-                    # No checkpoint to roll back to.
+                    # A rollback would undo the round's global parameters with the rest.
                     dataclasses.replace(cfg.learner_settings(), max_nonfinite_steps=0),
+                    checkpoint_dir=(
+                        checkpoint.learner_dir(checkpoint.client_logdir(cfg.logdir, client))
+                        if saving
+                        else None
+                    ),
+                    restore_step=restore,
                     client_index=client,
                     local_updates=cfg.local_updates_per_round,
                     privacy=privacy,
@@ -226,8 +252,22 @@ class FederatedMode(SyncMode):
                 )
                 for client in range(cfg.num_clients)
             ]
+        restart = functools.partial(_restart_learner, saving)
         for handle in clients:
-            program.node(handle.name).restartable(monitor.continue_counters)
+            program.node(handle.name).restartable(restart)
+        settings = federated_nodes.CoordinatorSettings(
+            local_updates=cfg.local_updates_per_round,
+            rounds=cfg.federated_rounds,
+            privacy=privacy,
+            secure=cfg.secure_aggregation,
+            heartbeat_interval_s=cfg.heartbeat_interval_s,
+            checkpoint_every_rounds=(
+                max(1, cfg.checkpoint_interval_steps // cfg.local_updates_per_round)
+                if saving
+                else 0
+            ),
+            max_checkpoints_to_keep=cfg.max_checkpoints_to_keep,
+        )
         with program.group(federated_nodes.GROUP, program_lib.Resources(num_cpus=0)):
             coordinator = program.add_node(
                 federated_nodes.CoordinatorNode,
@@ -236,11 +276,9 @@ class FederatedMode(SyncMode):
                 clients,
                 where.monitor,
                 cfg.seed,
-                cfg.local_updates_per_round,
-                rounds=cfg.federated_rounds,
-                privacy=privacy,
-                secure=cfg.secure_aggregation,
-                heartbeat_interval_s=cfg.heartbeat_interval_s,
+                settings,
+                checkpoint_dir=where.checkpoint_dir,
+                restore_step=where.restore_step,
             )
         return ParamSources(coordinator, lambda index: clients[index % cfg.num_clients])
 

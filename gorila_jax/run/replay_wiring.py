@@ -56,7 +56,8 @@ def add_replay_shards(
     num_shards = cfg.num_replay_shards
     # A federated run has a replay of its own for each client (of one shard: its settings
     # check refuses more); node n is shard n % num_shards of replay n // num_shards.
-    num_nodes = learning_modes.of(cfg).replay_copies(cfg) * num_shards
+    mode = learning_modes.of(cfg)
+    num_nodes = mode.replay_copies(cfg) * num_shards
     make_tables, tiers = _replay_shard_tables(builder, cfg, spec)
     # Demonstrations sit on the first shard only: a table of their own, filled when it starts.
     first_tables, preload = make_tables, None
@@ -74,17 +75,19 @@ def add_replay_shards(
     ):
         for node, options in enumerate(node_options):
             shard = node % num_shards
+            # A federated client's replay keeps its checkpoints beside its learner's.
+            logdir, restores = mode.replay_checkpoints(
+                checkpoint.role_logdir(cfg.logdir, role), node // num_shards, restore_step
+            )
             handle = program.add_node(
                 replay.node_class(cfg.replay_backend),
                 first_tables if node == 0 else make_tables,
                 checkpoint_dir=(
-                    checkpoint.replay_dir(
-                        checkpoint.role_logdir(cfg.logdir, role), shard, num_shards
-                    )
+                    checkpoint.replay_dir(logdir, shard, num_shards)
                     if cfg.saves_checkpoints
                     else None
                 ),
-                restore_step=restore_step,
+                restore_step=restores,
                 preload=preload if node == 0 else None,
                 tiering=tiers[shard],
                 **options,

@@ -10,11 +10,13 @@ from typing import Any
 
 from gorila_jax import multiagent, replay
 from gorila_jax.learning import checkpoint
+from gorila_jax.run import learning_modes
 
 
 def check_resumable(cfg: Any) -> None:
     """`cfg.logdir` holds checkpoints (in each role's directory, for a task of several
-    roles) of as many replay shards as this run has, written by this run's replay.
+    roles) of as many replay shards as this run has, written by this run's replay (a
+    federated run: the coordinator's checkpoints).
 
     Raises:
       checkpoint.CheckpointError: naming what is missing or does not match, and how to
@@ -27,6 +29,8 @@ def check_resumable(cfg: Any) -> None:
                 f"resume: no checkpoint in {checkpoint.learner_dir(logdir)} "
                 "(is --logdir the one of the run to continue?)"
             )
+        if not learning_modes.of(cfg).replay_beside_checkpoint:
+            continue  # a federated run's replays are its clients', each restoring its newest
         replay_dirs = checkpoint.saved_replay_dirs(logdir)
         for directory in replay_dirs:
             step = replay.newest_intact_checkpoint(directory)

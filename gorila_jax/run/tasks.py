@@ -83,7 +83,10 @@ class OneTask:
     def prepare(self) -> program_lib.Program:
         builder, cfg = self._builder, self._cfg
         template = wiring.checkpoint_template(builder, cfg, self._spec)
-        self._resume = checkpoint.prepare_logdir(cfg.logdir, cfg.resume, builder, cfg, template)
+        need_replay = learning_modes.of(cfg).replay_beside_checkpoint
+        self._resume = checkpoint.prepare_logdir(
+            cfg.logdir, cfg.resume, builder, cfg, template, need_replay
+        )
         return make_program(builder, cfg, self._spec, self._resume)
 
     def resume_meta(self) -> dict[str, Any]:

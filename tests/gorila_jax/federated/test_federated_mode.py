@@ -1,9 +1,11 @@
-"""`--learner_mode=federated` (docs/federated.md) on real runs under Ray: clients learn on
-their own replay and envs, the coordinator averages their masked updates round by round,
-and a client killed mid-run is replaced and rejoins."""
+"""`--learner_mode=federated` (docs/federated.md) on real runs: clients learn on their own
+replay and envs, the coordinator averages their masked updates round by round, a client
+killed mid-run is replaced from its checkpoint and rejoins, and a run resumes from its
+checkpoints."""
 
 import csv
 import dataclasses
+import json
 import os
 import signal
 
@@ -15,6 +17,7 @@ from agents import dqn
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs
 from gorila_jax.federated import nodes as federated_nodes
+from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from tests import fakes
 from tests.gorila_jax.learning.test_checkpoint import CONFIG, _experiment
@@ -82,7 +85,13 @@ def test_a_client_killed_mid_run_is_replaced_and_rounds_go_on(tmp_path, ray_opti
     cfg = _experiment(
         tmp_path,
         total_env_steps=10**9,
-        **{**_RAY_SETTINGS, **_FEDERATED, **_QUARTER_CPUS, "local_updates_per_round": 20},
+        **{
+            **_RAY_SETTINGS,
+            **_FEDERATED,
+            **_QUARTER_CPUS,
+            "local_updates_per_round": 20,
+            "checkpoint_interval_steps": 40,
+        },
     )
 
     def rounds() -> int:
@@ -105,10 +114,71 @@ def test_a_client_killed_mid_run_is_replaced_and_rounds_go_on(tmp_path, ray_opti
             ),
             timeout_s=240,
         )
-        return {"at_kill": at_kill, "went_on": went_on}
+        replacement = _node_status(tmp_path).get("learner/1", {}).get("counters", {})
+        return {"at_kill": at_kill, "went_on": went_on, "replacement": replacement}
 
     builder = dqn.DQNBuilder(dataclasses.replace(CONFIG, min_replay_size=100))
     summary, seen = _run_with(builder, cfg, ray_options, kill_a_client)
     assert seen["went_on"], f"rounds stopped at {seen['at_kill']}: {_node_status(tmp_path)}"
     (restart,) = summary["restarts"]
     assert restart["node"] == "learner/1" and "died" in restart["reason"]
+    # The replacement started from the client's own checkpoint (one every 40 learner
+    # steps, two rounds; 3 rounds were done before the kill), not from a fresh state.
+    assert seen["replacement"].get("started_from_step", -1) >= 40, seen
+
+
+def _saved_steps(logdir) -> list[int]:
+    return checkpoint.saved_steps(str(logdir))
+
+
+def _newest_replay_size(client_dir) -> int:
+    """The items in the client's replay at its newest checkpoint."""
+    with open(
+        os.path.join(
+            checkpoint.learner_dir(client_dir),
+            str(_saved_steps(client_dir)[-1]),
+            checkpoint.META_FILE,
+        )
+    ) as f:
+        return sum(json.load(f)["replay"]["table_sizes"].values())
+
+
+@pytest.mark.slow
+def test_a_federated_run_checkpoints_every_part_and_resumes_where_it_stopped(tmp_path):
+    """The coordinator's checkpoints are the run's (the global model at a round); each
+    client keeps its learner and replay. A resume starts at the saved round, each client
+    from its own newest checkpoint, its replay's items back."""
+    builder = dqn.DQNBuilder(dataclasses.replace(CONFIG, min_replay_size=100))
+    settings = dict(
+        total_env_steps=10**9,
+        local_updates_per_round=20,
+        checkpoint_interval_steps=40,  # every 2 rounds
+        **_FEDERATED,
+    )
+    first = experiment.run_experiment(
+        builder, _experiment(tmp_path, federated_rounds=4, **settings)
+    )
+    assert first["stop_reason"] == "federated_rounds reached", first
+    assert _saved_steps(tmp_path)[-1] == 4  # the final one, at the last round
+    client_steps, replay_sizes = {}, {}
+    for client in range(2):
+        client_dir = checkpoint.client_logdir(str(tmp_path), client)
+        client_steps[client] = _saved_steps(client_dir)[-1]
+        replay_sizes[client] = _newest_replay_size(client_dir)
+        assert client_steps[client] >= 4 * 20
+        replay_dir = checkpoint.replay_dir(client_dir)
+        assert str(client_steps[client]) in os.listdir(replay_dir), os.listdir(replay_dir)
+
+    second = experiment.run_experiment(
+        builder, _experiment(tmp_path, federated_rounds=6, resume=True, **settings)
+    )
+    assert second["resumed_from_learner_step"] == 4, second
+    assert _last_metrics(tmp_path)[federated_nodes.ROUNDS_METRIC] == 6
+    assert _saved_steps(tmp_path)[-1] == 6
+    for client in range(2):
+        # Each client went on from its own learner steps (two rounds more), not from 0.
+        client_dir = checkpoint.client_logdir(str(tmp_path), client)
+        newest = _saved_steps(client_dir)[-1]
+        assert newest >= client_steps[client] + 2 * 20, (client, newest, client_steps)
+        # Its replay went on from the saved items (an empty one would hold fewer).
+        assert _newest_replay_size(client_dir) > replay_sizes[client], replay_sizes

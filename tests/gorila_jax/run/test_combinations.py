@@ -86,6 +86,15 @@ def test_a_gorila_run_refuses_each_rollback_setting_it_would_ignore(setting):
     combinations.check_settings(experiment.ExperimentConfig(**{**PLAIN, **setting}))  # sync
 
 
+@pytest.mark.parametrize("setting", [dict(max_nonfinite_steps=5), dict(rollback_lr_factor=0.1)])
+def test_a_federated_run_refuses_the_rollback_settings_its_clients_would_ignore(setting):
+    # A client never rolls back: a rollback would bring back its parameters of an older
+    # round (gorila_jax/run/learning_modes.py).
+    cfg = experiment.ExperimentConfig(**{**PLAIN, **KIND_OF["learner_mode=federated"], **setting})
+    with pytest.raises(ValueError, match="federated does not support max_nonfinite_steps"):
+        combinations.check_settings(cfg)
+
+
 def test_an_agent_with_a_tiered_replay_is_refused_by_federated_runs_and_role_groups(tmp_path):
     tiered = dqn.DQNBuilder(dataclasses.replace(dqn.DQNConfig(), hot_replay_size=100_000))
     plain = dqn.DQNBuilder(dqn.DQNConfig())

@@ -1,6 +1,7 @@
 """Each learning mode adds its own nodes to the one program builder, and stops them in
 the order its checkpoints need; built here without launching anything."""
 
+import os
 import types
 
 import pytest
@@ -29,9 +30,16 @@ def test_federated_clients_learn_from_their_own_replay_and_their_actors_feed_it(
     assert _names(program, "replay") == ["replay/0", "replay/1"]
     assert _names(program, "learner") == ["learner/0", "learner/1"]
     assert _names(program, "coordinator") == ["coordinator/0"]
-    assert not cfg.saves_checkpoints
+    assert cfg.saves_checkpoints
     for client in range(2):
         assert program.node(f"learner/{client}").dependencies() >= {f"replay/{client}"}
+        # Each client's learner and replay checkpoint in the client's own directory.
+        client_dir = os.path.join(str(tmp_path), "clients", str(client), "checkpoints")
+        learner_kwargs = program.node(f"learner/{client}").kwargs
+        assert learner_kwargs["checkpoint_dir"] == os.path.join(client_dir, "learner")
+        assert program.node(f"replay/{client}").kwargs["checkpoint_dir"] == os.path.join(
+            client_dir, "replay"
+        )
         assert f"replay/{1 - client}" not in program.node(f"learner/{client}").dependencies()
     for index in range(4):
         actor = program.node(f"actor/{index}")
