@@ -204,7 +204,7 @@ class CoordinatorNode(program.Worker):
         state, meta = self._checkpoints.restore(round_saved, self._template)
         flat, _ = flatten_util.ravel_pytree(self._builder.state_access.trainable_params(state))
         self._global = np.asarray(flat, np.float64)
-        self._round = int(meta["learner_steps"])
+        self._round = round_saved
         counters = meta.get("node_counters", {}).get(self.name, {})
         self._redone = int(counters.get("redone_attempts", 0))
         self._bytes_received = int(meta.get("federated", {}).get("bytes_received", 0))
@@ -225,16 +225,14 @@ class CoordinatorNode(program.Worker):
             raise RuntimeError(f"{self.name} was built without a checkpoint_dir")
         with self._lock:
             round_now, flat = self._round, self._global
-        params = self._unravel(np.asarray(flat, np.float32))
-        state = self._builder.state_access.with_trainable_params(self._template, params)
-        meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
-        meta.setdefault("node_counters", {})[self.name] = self._counters()
-        meta.update(
-            learner_steps=round_now,
+        meta = checkpoint.run_meta(
+            self._monitor,
+            self.name,
+            self._counters(),
+            round_now,
             federated={"bytes_received": self._bytes_received},
-            unix_time=time.time(),
         )
-        self._checkpoints.save(round_now, jax.device_get(state), meta)
+        self._checkpoints.save(round_now, jax.device_get(self._state_of(flat)), meta)
         self._last_checkpoint_round = round_now
         return round_now
 
@@ -242,10 +240,13 @@ class CoordinatorNode(program.Worker):
     def name(self) -> str:
         return f"{GROUP}/0"
 
+    def _state_of(self, flat_params: np.ndarray) -> Any:
+        """The agent's initial state with `flat_params` as its trainable parameters."""
+        params = self._unravel(np.asarray(flat_params, np.float32))
+        return self._builder.state_access.with_trainable_params(self._template, params)
+
     def _actor_params(self) -> Any:
-        params = self._unravel(np.asarray(self._global, np.float32))
-        state = self._builder.state_access.with_trainable_params(self._template, params)
-        return self._builder.state_access.actor_params(state)
+        return self._builder.state_access.actor_params(self._state_of(self._global))
 
     def get_params(self, newer_than: int = -1) -> tuple[int, Any] | None:
         """(version, the global model's actor parameters); None if not newer than `newer_than`.

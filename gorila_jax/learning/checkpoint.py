@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from typing import Any, Callable, NamedTuple
 
@@ -108,6 +109,19 @@ def any_saved(logdir: str) -> bool:
     roles = os.path.join(logdir, ROLES_DIR)
     role_names = sorted(os.listdir(roles)) if os.path.isdir(roles) else []
     return any(saved_steps(role_logdir(logdir, role)) for role in [None, *role_names])
+
+
+def run_meta(
+    monitor: Any, node: str, counters: dict[str, Any], step: int, **extra: Any
+) -> dict[str, Any]:
+    """A checkpoint's meta: the monitor's state (every node's counters, recent returns,
+    evaluations; {} without a monitor) with `node`'s own `counters` as they are now,
+    `extra`, the step saved (`learner_steps`) and the time."""
+    meta = monitor.checkpoint_state() if monitor is not None else {}
+    meta.setdefault("node_counters", {})[node] = counters
+    meta.update(extra)
+    meta.update(learner_steps=step, unix_time=time.time())
+    return meta
 
 
 STATE_FILE = "state.npz"

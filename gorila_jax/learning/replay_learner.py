@@ -2,7 +2,6 @@
 
 import contextlib
 import threading
-import time
 from typing import Any, Callable, ContextManager
 
 import numpy as np
@@ -239,10 +238,10 @@ class ReplayLearnerNode(program.Worker):
         with self._checkpoint_lock():
             step, state, node_meta = self._checkpoint_contents()
             replay_info = self._replay.checkpoint(step)
-            meta = self._monitor.checkpoint_state() if self._monitor is not None else {}
-            meta.setdefault("node_counters", {})[self._name] = node_meta.pop("counters")
-            meta.update(node_meta)
-            meta.update(learner_steps=step, replay=replay_info, unix_time=time.time())
+            counters = node_meta.pop("counters")
+            meta = checkpoint.run_meta(
+                self._monitor, self._name, counters, step, replay=replay_info, **node_meta
+            )
             self._checkpoints.save(step, state, meta)  # deletes its old ones here
         # Only now, with the new pair complete, may the replay drop the old ones.
         self._replay.keep_checkpoints(self._checkpoints.steps())
