@@ -111,8 +111,13 @@ def env_spec(env_id: str) -> types.EnvSpec:
 
 
 @functools.cache
-def _programs(env_id: str, num_envs: int) -> tuple[Any, Any]:
-    """(reset, step), jitted over `num_envs` copies; one pair per id, size and process."""
+def vector_programs(env_id: str, num_envs: int) -> tuple[Any, Any]:
+    """(reset, step), jitted over `num_envs` copies; one pair per id, size and process.
+
+    reset(key) -> (key, observations, state, ended); step(key, state, ended, actions) ->
+    (key, observations, state, reward, terminated, truncated), `ended` being the previous
+    step's terminated | truncated. Pure: an actor calls them from the host, an Anakin
+    learner (gorila_jax/anakin) inside its own compiled loop."""
     env, params = _made(env_id)
     reset_copies = jax.vmap(env.reset_env, in_axes=(0, None))
     step_copies = jax.vmap(env.step_env, in_axes=(0, 0, 0, None))
@@ -156,7 +161,7 @@ class GymnaxVectorEnv(env_api.SendRecvByStep):
         spec = env_spec(env_id)
         self._observation_dtype = spec.observation_dtype
         self._action_dtype = spec.action_dtype
-        self._reset, self._step = _programs(env_id, num_envs)
+        self._reset, self._step = vector_programs(env_id, num_envs)
         self._key = jax.random.key(seed)
         self._state: Any = None
         self._ended: Any = None

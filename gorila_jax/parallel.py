@@ -83,6 +83,12 @@ def shard_to_devices(batch: Any, devices: Sequence[jax.Device]) -> Any:
     return jax.tree.map(lambda x: compat.put_sharded(x, devices, DATA_AXIS), sharded)
 
 
+def per_device(stacked: Any, devices: Sequence[jax.Device]) -> Any:
+    """Row i of every leaf of `stacked` ([D, ...]) on devices[i]: what each device keeps of
+    its own (its key, say)."""
+    return jax.tree.map(lambda x: compat.put_sharded(np.asarray(x), devices, DATA_AXIS), stacked)
+
+
 def unshard(tree: Any) -> Any:
     """Inverse of `shard`: [D, B/D, ...] -> [B, ...]."""
     return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), tree)
@@ -120,7 +126,11 @@ def unreplicate(tree: Any) -> Any:
 
 
 def pmap_step(
-    step_fn: Callable, devices: Sequence[jax.Device], out_axes: Any = 0, donate_state: bool = True
+    step_fn: Callable,
+    devices: Sequence[jax.Device],
+    out_axes: Any = 0,
+    donate_state: bool = True,
+    in_axes: Any = 0,
 ) -> Callable:
     """Compiles a per-device `(state, batch) -> outputs` step.
 
@@ -128,11 +138,12 @@ def pmap_step(
     `donate_state` is False, for steps that read the state without replacing it.
     `out_axes=None` for an output marks it identical on every device (for
     example parameters after a pmean-ed update): it comes back without the
-    device axis.
+    device axis. `in_axes=None` for an argument likewise: every device gets it whole.
     """
     return jax.pmap(
         step_fn,
         axis_name=DATA_AXIS,
+        in_axes=in_axes,
         devices=list(devices),
         donate_argnums=0 if donate_state else (),
         out_axes=out_axes,

@@ -55,7 +55,7 @@ LAYERS = (
     ("distributed",),
     ("health",),
     ("learning",),
-    ("gorila", "federated"),
+    ("gorila", "federated", "anakin"),
     # Demonstrations are recorded by acting and loaded through an actor's adder.
     ("acting", "demonstrations"),
     ("run",),

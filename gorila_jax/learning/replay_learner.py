@@ -32,7 +32,8 @@ class ReplayLearnerNode(program.Worker):
     Args:
       builder: the agent.
       spec: the environment's spec.
-      replay_client: the replay node, or a list of the replay shards' nodes.
+      replay_client: the replay node, or a list of the replay shards' nodes; None for a
+        node that makes its batches itself (an Anakin learner's rollouts).
       monitor: the monitor node (or None when driven by hand).
       name: the node's name, as the monitor knows it.
       devices: the local devices batches go to.
@@ -58,7 +59,7 @@ class ReplayLearnerNode(program.Worker):
         super().__init__()
         self._builder, self._monitor, self._name = builder, monitor, name
         self._devices, self._settings = devices, settings
-        self._replay = replay.ReplayShards(replay_client)
+        self._replay = None if replay_client is None else replay.ReplayShards(replay_client)
         layout = builder.replay_layout(spec)
         self._codec, self._sample_table = layout.codec, layout.sample_table
         self._checkpoints: checkpoint.LearnerCheckpoints | None = None
@@ -228,7 +229,8 @@ class ReplayLearnerNode(program.Worker):
         checkpoint on disk always has its replay checkpoint beside it, even
         after a crash at any point (see `gorila_jax.learning.checkpoint`).
         Counters, recent returns and evaluations come from the monitor; a
-        periodic checkpoint sees them up to one report interval late.
+        periodic checkpoint sees them up to one report interval late. A node without a
+        replay saves its state alone.
 
         Returns:
           The step saved.
@@ -237,14 +239,14 @@ class ReplayLearnerNode(program.Worker):
             raise RuntimeError(f"{self._name} was built without a checkpoint_dir")
         with self._checkpoint_lock():
             step, state, node_meta = self._checkpoint_contents()
-            replay_info = self._replay.checkpoint(step)
+            if self._replay is not None:
+                node_meta["replay"] = self._replay.checkpoint(step)
             counters = node_meta.pop("counters")
-            meta = checkpoint.run_meta(
-                self._monitor, self._name, counters, step, replay=replay_info, **node_meta
-            )
+            meta = checkpoint.run_meta(self._monitor, self._name, counters, step, **node_meta)
             self._checkpoints.save(step, state, meta)  # deletes its old ones here
         # Only now, with the new pair complete, may the replay drop the old ones.
-        self._replay.keep_checkpoints(self._checkpoints.steps())
+        if self._replay is not None:
+            self._replay.keep_checkpoints(self._checkpoints.steps())
         self._last_checkpoint_step = step
         return step
 

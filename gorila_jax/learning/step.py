@@ -117,7 +117,11 @@ def _update(update_fns: builder_lib.UpdateFns, state: Any, batch: Any, gradient_
 
 
 def make_step(
-    builder: builder_lib.AgentBuilder, spec: Any, gradient_worker: bool = False, updates: int = 1
+    builder: builder_lib.AgentBuilder,
+    spec: Any,
+    gradient_worker: bool = False,
+    updates: int = 1,
+    from_replay: bool = True,
 ) -> Callable:
     """The agent's update with numerical-fault protection, for `parallel.pmap_step(OUT_AXES)`.
 
@@ -142,6 +146,9 @@ def make_step(
         batch holds that many batches' rows, the guarded update runs on each in turn
         (`lax.scan`), priorities come back for every row in batch order, the metrics
         and parameters are the last update's.
+      from_replay: the batch is the replay codec's decoded items, whose compact leaves
+        (bfloat16 or float8 observations) become float32 here; False for a batch made on
+        the device as the env gave it (an Anakin learner's rollout).
     """
     # Over 60 lines by its docstring, the step's contract, stated once here.
     if updates > 1 and gradient_worker:
@@ -149,7 +156,7 @@ def make_step(
     update_fns = builder.update_fns(spec)
     # Observations replay keeps in bfloat16 or float8 become float32 here, on the
     # device, so that only the compact bytes cross from the host.
-    expand = builder.replay_layout(spec).codec.expand
+    expand = builder.replay_layout(spec).codec.expand if from_replay else lambda data: data
 
     def step(state, guard: NumericGuard, batch: builder_lib.SampledBatch):
         batch = batch._replace(data=expand(batch.data))

@@ -267,7 +267,17 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         metrics["params_bytes_served"] = float(self.params_bytes_served())
         metrics.update(self._replay_metrics())
         report = self._monitor.report if block else self._monitor.futures.report
-        report(self._name, self._heartbeat_counters(), metrics=metrics)
+        report(
+            self._name,
+            self._heartbeat_counters(),
+            metrics=metrics,
+            episode_returns=self._take_episode_returns(),
+        )
+
+    def _take_episode_returns(self) -> list[float] | None:
+        """Returns of the episodes finished since the last report: none for a learner that
+        does not act (an Anakin learner's own envs' are)."""
+        return None
 
     def _checkpoint_lock(self) -> ContextManager:
         # Learning pauses while the replay is written.

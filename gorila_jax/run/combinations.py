@@ -31,6 +31,12 @@ SETTING_FEATURES: dict[str, Callable[[Any], bool]] = {
     "demos": lambda cfg: bool(cfg.demos),
     "stop_at_eval_return": lambda cfg: cfg.stop_at_eval_return is not None,
     "learner_mode=federated": lambda cfg: cfg.learner_mode == "federated",
+    "learner_mode=gorila": lambda cfg: cfg.learner_mode == "gorila",
+    "replay_backend=reverb, replay_port or a replay_cold setting": lambda cfg: (
+        cfg.replay_backend == "reverb"
+        or bool(cfg.replay_port or cfg.replay_cold_dir or cfg.replay_cold_gb)
+        or cfg.replay_cold_compression != "none"
+    ),
     "launcher=launchpad": lambda cfg: cfg.launcher == "launchpad",
     "num_learner_devices above 1 with launcher=local": lambda cfg: (
         cfg.launcher == "local" and cfg.num_learner_devices > 1
@@ -102,6 +108,28 @@ KINDS = (
         ),
         "learner_mode=federated does not support {asked} yet",
         "each client has its own replay and learner, wired apart from a single-learner run's",
+    ),
+    RunKind(
+        "launcher=anakin",
+        lambda cfg: cfg.launcher == "anakin",
+        (
+            "learner_mode=gorila",
+            "learner_mode=federated",
+            "num_learner_hosts > 1",
+            "num_replay_shards > 1",
+            "replay_backend=reverb, replay_port or a replay_cold setting",
+            "demos",
+            "a tiered replay",
+            "param_cache_per_host",
+            "elastic_interval_s",
+            "balance_remedy=replace",
+            "ray_address",
+            "env_threads_per_actor above 1",
+        ),
+        "launcher=anakin does not take {asked}: its one learner acts in its own envs, with "
+        "no replay, actor nodes or cluster (docs/anakin.md)",
+        "one learner acts in its own JAX envs inside its compiled loop: no replay, actors "
+        "or cluster",
     ),
     RunKind(
         "an env without a thread pool (`mpe/`, `gym:` ids)",

@@ -76,8 +76,9 @@ class ExperimentConfig(
     launcher: str = setting(
         "ray",
         "run",
-        "Where nodes run: local (threads of one process), ray (a process each), or launchpad "
-        "(dm-launchpad courier nodes; the DeepMind set only, see BUILD_NOTES.md).",
+        "Where nodes run: local (threads of one process), ray (a process each), launchpad "
+        "(dm-launchpad courier nodes; the DeepMind set only, see BUILD_NOTES.md), or anakin "
+        "(a gymnax env: acting, env steps and updates in one compiled loop, docs/anakin.md).",
         choices=launchers.LAUNCHERS,
     )
     launchpad_launch_type: str = setting(
@@ -143,6 +144,13 @@ class ExperimentConfig(
     )
     learner_cpus: float = setting(
         1.0, "learner", "CPUs the learner asks Ray for.", check=NON_NEGATIVE
+    )
+    anakin_iterations_per_call: int = setting(
+        8,
+        "learner",
+        "Under launcher=anakin: rollouts (every env's T steps, then one update) per device "
+        "call; more calls fewer times, the last call may run fewer.",
+        check=POSITIVE,
     )
     tf32: bool = setting(
         LEARNER.tf32, "learner", "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."

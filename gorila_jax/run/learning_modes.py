@@ -5,8 +5,10 @@ parameters are and what its checkpoints restore into.
     sync       one learner group (one host, or several as one jax.distributed job)
     gorila     gradient workers and parameter-server shards (gorila/mode.py)
     federated  a client (learner) per replay and a coordinator (federated/nodes.py)
+    anakin     (--launcher=anakin) one learner that acts in its own JAX envs, with no
+               replay and no actors (gorila_jax/anakin)
 
-`of(cfg)` is where the setting is read; the program builder, the driver and the role
+`of(cfg)` is where the settings are read; the program builder, the driver and the role
 groups go through the mode's methods and never branch on its name.
 """
 
@@ -15,7 +17,8 @@ import functools
 from typing import Any, Callable, NamedTuple
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import replay, types
+from gorila_jax import parallel, replay, types
+from gorila_jax.anakin import node as anakin_node
 from gorila_jax.distributed import multihost
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.federated import nodes as federated_nodes
@@ -63,6 +66,8 @@ class SyncMode:
     # Whether the run's checkpoint (in <logdir>/checkpoints) has its replay beside it, at
     # the same step: a resume then needs both intact.
     replay_beside_checkpoint = True
+    # Whether the mode's learner acts itself: then the program has no replay and no actors.
+    acts_itself = False
 
     def replay_copies(self, cfg: Any) -> int:
         """How many separate replays (each of cfg.num_replay_shards shards) the run has."""
@@ -75,8 +80,8 @@ class SyncMode:
         in, the step it restores) for a run resumed at `restore_step` (None: a new run)."""
         return logdir, restore_step
 
-    def check_agent(self, builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
-        """Raises ValueError for an agent this mode cannot run."""
+    def check_agent(self, builder: builder_lib.AgentBuilder, spec: types.EnvSpec, cfg: Any) -> None:
+        """Raises ValueError for an agent (or its env) this mode cannot run."""
 
     def add_nodes(
         self,
@@ -160,7 +165,7 @@ class GorilaMode(SyncMode):
 
     name = "gorila"
 
-    def check_agent(self, builder: builder_lib.AgentBuilder, spec: types.EnvSpec) -> None:
+    def check_agent(self, builder: builder_lib.AgentBuilder, spec: types.EnvSpec, cfg: Any) -> None:
         gorila_mode.check_agent(builder, spec)
 
     def add_nodes(self, program, builder, cfg, spec, where: LearningNodes) -> ParamSources:
@@ -296,14 +301,56 @@ class FederatedMode(SyncMode):
         return None
 
 
+class AnakinMode(SyncMode):
+    """One learner acting in its own JAX envs inside its compiled loop (`--launcher=anakin`,
+    docs/anakin.md): no replay, no actors; the evaluator reads it as it reads a learner."""
+
+    name = "anakin"
+    replay_beside_checkpoint = False
+    acts_itself = True
+
+    def check_agent(self, builder: builder_lib.AgentBuilder, spec: types.EnvSpec, cfg: Any) -> None:
+        devices = len(parallel.local_devices(cfg.num_learner_devices))
+        anakin_node.check_run(builder, spec, anakin_settings(cfg), devices)
+
+    def add_nodes(self, program, builder, cfg, spec, where: LearningNodes) -> ParamSources:
+        name = "learner/0"
+        with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
+            handle = program.add_node(
+                anakin_node.AnakinNode,
+                builder,
+                spec,
+                where.monitor,
+                cfg.seed,
+                cfg.learner_settings(),
+                anakin_settings(cfg),
+                checkpoint_dir=where.checkpoint_dir,
+                restore_step=where.restore_step,
+                restored_counters=where.restored_counters.get(name),
+            )
+        # Not restartable: the program runs in one process, as under launcher=local.
+        return ParamSources(handle, lambda index: handle)
+
+
+def anakin_settings(cfg: Any) -> anakin_node.AnakinSettings:
+    """What an Anakin learner takes from the run's settings."""
+    return anakin_node.AnakinSettings(
+        num_actors=cfg.num_actors,
+        num_envs_per_actor=cfg.num_envs_per_actor,
+        iterations_per_call=cfg.anakin_iterations_per_call,
+        max_env_steps=cfg.total_env_steps,
+    )
+
+
 MODES: dict[str, SyncMode] = {
     mode.name: mode for mode in (SyncMode(), GorilaMode(), FederatedMode())
 }
+ANAKIN = AnakinMode()
 
 
 def of(cfg: Any) -> SyncMode:
-    """The learning mode `cfg.learner_mode` names."""
-    return MODES[cfg.learner_mode]
+    """The learning mode `cfg.learner_mode` names; Anakin's under `--launcher=anakin`."""
+    return ANAKIN if cfg.launcher == "anakin" else MODES[cfg.learner_mode]
 
 
 def _restart_rendezvous(counters: dict[str, float]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ def check_run(builders: dict[str, builder_lib.AgentBuilder], cfg: ExperimentConf
         try:
             builder.validate(cfg.num_learner_devices or 1, specs[role])
             cfg.check_budget(builder)
-            learning_modes.of(cfg).check_agent(builder, specs[role])
+            learning_modes.of(cfg).check_agent(builder, specs[role], cfg)
             cfg.replay_tiering(builder, specs[role])  # raises for cold settings without tiers
         except ValueError as error:
             raise ValueError(f"role {role}: {error}") from None

@@ -1,6 +1,7 @@
 """The checks of a run's settings (`ExperimentConfig.validate`): each refuses what cannot
 work with one line naming the setting, before anything starts."""
 
+import dataclasses
 from typing import Any
 
 from gorila_jax import config_checks, envs, replay
@@ -17,6 +18,13 @@ def check(cfg: Any) -> None:
     envs.check_env_id(cfg.env_id)
     _check_hosts(cfg)
     combinations.check_settings(cfg)
+    if cfg.launcher != "anakin" and cfg.anakin_iterations_per_call != _default(
+        cfg, "anakin_iterations_per_call"
+    ):
+        raise ValueError(
+            f"anakin_iterations_per_call={cfg.anakin_iterations_per_call} is for "
+            f"launcher=anakin, not {cfg.launcher}"
+        )
     _check_replay(cfg)
     cfg.learner_settings()  # raises for learner settings that cannot work
     if cfg.heartbeat_timeout_s and cfg.heartbeat_timeout_s <= 2 * cfg.heartbeat_interval_s:
@@ -32,6 +40,11 @@ def check(cfg: Any) -> None:
     _check_resume(cfg)
     _check_federated(cfg)
     _check_tracking(cfg)
+
+
+def _default(cfg: Any, name: str) -> Any:
+    """The declared default of setting `name`."""
+    return next(f.default for f in dataclasses.fields(cfg) if f.name == name)
 
 
 def _check_tracking(cfg: Any) -> None:

@@ -98,6 +98,8 @@ class OneTask:
     def actor_scaler(self, running: Any) -> elastic.ActorScaler:
         """Control file, elastic policy, data balance."""
         builder, cfg = self._builder, self._cfg
+        if learning_modes.of(cfg).acts_itself:
+            return fixed_actors(running, cfg, "an Anakin run has no actor nodes to add or remove")
         tracker = None
         if cfg.balance_interval_s:
             tracker = balance.BalanceTracker(cfg.balance_factor, cfg.balance_interval_s)
@@ -171,23 +173,9 @@ class RoleGroups:
         return {role: r.step for role, r in self._resume.items()} if self._resume else None
 
     def actor_scaler(self, running: Any) -> elastic.ActorScaler:
-        """A run whose actor count cannot change: a control file asking for another count
-        is answered that it cannot."""
-        cfg = self._cfg
-
-        def cannot(*_: Any) -> None:
-            raise ValueError("a run of role groups cannot add or remove actors yet")
-
-        return elastic.ActorScaler(
-            cfg.logdir,
-            cannot,
-            cannot,
-            lambda: [node.name for node in running.active_nodes("actor")],
-            cfg.actor_count_floor,
-            cfg.max_actors,
-            cfg.elastic_policy,
-            None,
-            False,
+        """A run whose actor count cannot change (`fixed_actors`)."""
+        return fixed_actors(
+            running, self._cfg, "a run of role groups cannot add or remove actors yet"
         )
 
     def fetch_final_params(self, running: Any) -> None:
@@ -206,3 +194,23 @@ class RoleGroups:
                 role: dataclasses.asdict(builder.config) for role, builder in self._builders.items()
             },
         }
+
+
+def fixed_actors(running: Any, cfg: ExperimentConfig, why: str) -> elastic.ActorScaler:
+    """The scaler of a run whose actor count cannot change: a control file asking for
+    another count is answered `why`."""
+
+    def cannot(*_: Any) -> None:
+        raise ValueError(why)
+
+    return elastic.ActorScaler(
+        cfg.logdir,
+        cannot,
+        cannot,
+        lambda: [node.name for node in running.active_nodes("actor")],
+        cfg.actor_count_floor,
+        cfg.max_actors,
+        cfg.elastic_policy,
+        None,
+        False,
+    )

@@ -38,7 +38,7 @@ def check_program(
         layout = builder.replay_layout(spec)
         balance.check_remedy(cfg.balance_remedy, layout.tables, layout.sample_table)
     demonstrations.check_run(cfg.demos, builder, spec, agents_taking_demos)
-    learning_modes.of(cfg).check_agent(builder, spec)
+    learning_modes.of(cfg).check_agent(builder, spec, cfg)
     combinations.check_agents(cfg, [builder])
     cfg.replay_tiering(builder, spec)  # raises for a table that cannot be tiered
     replay_wiring.check_replay_tables(builder, cfg, spec)
@@ -89,6 +89,8 @@ def make_program(
     meta = newest_meta(resumed)
     restored_counters = meta.get("node_counters", {})
     roles = tuple(role for role in builders if role is not None)
+    # An Anakin learner acts in its own envs: no replay, no actors.
+    acts_itself = learning_modes.of(cfg).acts_itself
     learning_cfg = cfg
     if roles and cfg.launcher == "local":
         # Every role's learner pmaps in this one process: one device each, never a
@@ -101,8 +103,12 @@ def make_program(
     for role in sorted(builders, key=str):
         restore_step = resumed[role].step if resumed else None
         role_builder, role_spec = builders[role], specs[role]
-        replay_nodes = replay_wiring.add_replay_shards(
-            program, role_builder, cfg, role_spec, restore_step, role
+        replay_nodes = (
+            []
+            if acts_itself
+            else replay_wiring.add_replay_shards(
+                program, role_builder, cfg, role_spec, restore_step, role
+            )
         )
         where = (replay_nodes, monitor_node)
         sources[role] = add_learning(
@@ -113,6 +119,8 @@ def make_program(
             role_builder, role_spec, replay_nodes, sources[role].evaluator
         )
     add_evaluator(program, cfg, wirings, monitor_node)
+    if acts_itself:
+        return program
     if roles:
         _add_role_actors(program, cfg, wirings, monitor_node, restored_counters)
     else:

@@ -1,12 +1,15 @@
 """Launchers: run one `Program` in one process (`local`), as Ray actors (`ray`), or as
-dm-launchpad courier nodes (`launchpad`, on the Launchpad dependency set only)."""
+dm-launchpad courier nodes (`launchpad`, on the Launchpad dependency set only).
+
+`anakin` runs its program as `local` does: the program itself differs (a learner acting
+in its own JAX envs, gorila_jax/anakin), not where its nodes run."""
 
 from typing import Any
 
 from gorila_jax.distributed import program as program_lib
 from gorila_jax.distributed.launchers import base
 
-LAUNCHERS = ("local", "ray", "launchpad")
+LAUNCHERS = ("local", "ray", "launchpad", "anakin")
 LAUNCHPAD_LAUNCH_TYPES = base.LAUNCHPAD_LAUNCH_TYPES
 # What the ray launcher does and launchpad does not; a launchpad run prints it at start.
 LAUNCHPAD_LIMITS = (
@@ -19,7 +22,7 @@ def launch(
     program: program_lib.Program, launcher: str = "local", **options: Any
 ) -> base.RunningProgram:
     """Starts every node of `program` under `launcher`; options go to that launcher."""
-    if launcher == "local":
+    if launcher in ("local", "anakin"):
         from gorila_jax.distributed.launchers import local
 
         return local.launch(program, **options)

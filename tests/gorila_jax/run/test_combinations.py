@@ -27,6 +27,8 @@ ASKING = {
         rollback_lr_factor=0.25
     ),
     "env_threads_per_actor above 1": dict(env_threads_per_actor=2),
+    "learner_mode=gorila": dict(learner_mode="gorila"),
+    "replay_backend=reverb, replay_port or a replay_cold setting": dict(replay_port=5000),
 }
 # Settings that make each kind of run.
 KIND_OF = {
@@ -35,6 +37,7 @@ KIND_OF = {
     "learner_mode=federated": dict(learner_mode="federated"),
     "an env without a thread pool (`mpe/`, `gym:` ids)": dict(env_id="gym:CartPole-v1"),
     "a multi-agent env of several roles (role groups)": dict(env_id="mpe/simple_tag_v3"),
+    "launcher=anakin": dict(launcher="anakin", env_id="gymnax/CartPole-v1"),
 }
 PLAIN = dict(env_id="CartPole-v1", launcher="ray", learner_mode="sync")
 

@@ -1,0 +1,91 @@
+"""The same agent on the same task two ways: PPO on gymnax's CartPole-v1 in one compiled
+loop (`--launcher=anakin`) and through actors and the trajectory queue (`--launcher=local`),
+one after the other, per seed.
+
+Both take PPO's `cartpole` preset (2 actors x 8 envs, 64-step chunks, a batch of 16) at
+the same budget, with evaluations every `--eval_interval_s`. Prints, per way and seed:
+env steps/s over the whole run (compilation included), wall time to the first greedy
+evaluation of at least 475, and the final greedy return; then each figure's median over
+seeds and anakin's speed over the actors'. Last line: JSON.
+
+  python bench/anakin_ppo.py --seeds=0,1,2 --total_env_steps=100000
+"""
+
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from agents import ppo  # noqa: E402
+from agents.ppo import presets as ppo_presets  # noqa: E402
+from gorila_jax.run import experiment  # noqa: E402
+
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds; each runs both ways.")
+_STEPS = flags.DEFINE_integer("total_env_steps", 100_000, "Budget of every run.")
+_EVAL_S = flags.DEFINE_float("eval_interval_s", 1.0, "Seconds between greedy evaluations.")
+_SOLVED = 475.0
+WAYS = ("anakin", "local")
+
+
+def one_run(way: str, seed: int) -> dict:
+    config, settings = ppo_presets.ppo_preset("cartpole")
+    with tempfile.TemporaryDirectory() as logdir:
+        cfg = experiment.ExperimentConfig(
+            **{
+                **settings,
+                "env_id": "gymnax/CartPole-v1",
+                "launcher": way,
+                "logdir": logdir,
+                "seed": seed,
+                "total_env_steps": _STEPS.value,
+                "eval_interval_s": _EVAL_S.value,
+                "num_learner_devices": 1,
+            }
+        )
+        summary = experiment.run_experiment(ppo.PPOBuilder(config), cfg)
+        rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
+    solved = [
+        float(row["wall_time_s"])
+        for row in rows
+        if row["eval_return"] not in ("", "nan") and float(row["eval_return"]) >= _SOLVED
+    ]
+    return {
+        "env_steps_per_s": summary["env_steps_per_s"],
+        "wall_time_s": summary["wall_time_s"],
+        "time_to_475_s": solved[0] if solved else None,
+        "final_eval_return": summary["final_eval_return"],
+    }
+
+
+def _median(values: list) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    runs: dict[str, list[dict]] = {way: [] for way in WAYS}
+    for seed in map(int, _SEEDS.value):
+        for way in WAYS:
+            result = one_run(way, seed)
+            runs[way].append(result)
+            print(f"{way:>6} seed {seed}: {json.dumps(result)}", flush=True)
+    medians = {
+        way: {name: _median([r[name] for r in results]) for name in results[0]}
+        for way, results in runs.items()
+    }
+    for way, figures in medians.items():
+        print(f"{way:>6} medians: {json.dumps(figures)}")
+    speedup = medians["anakin"]["env_steps_per_s"] / medians["local"]["env_steps_per_s"]
+    print(f"anakin env steps/s over the actors': {speedup:.1f}x")
+    print(json.dumps({"medians": medians, "anakin_speedup": speedup, "runs": runs}))
+
+
+if __name__ == "__main__":
+    app.run(main)

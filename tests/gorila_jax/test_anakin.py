@@ -1,0 +1,94 @@
+"""Anakin runs (`--launcher=anakin`): a learner acting in its own gymnax envs inside its
+compiled loop, through the production path (`experiment.run_experiment`)."""
+
+import csv
+import dataclasses
+import math
+
+import pytest
+
+from agents import dqn, ppo
+from agents.dqn import presets as dqn_presets
+from agents.ppo import presets as ppo_presets
+from gorila_jax.run import experiment
+
+ENV = "gymnax/CartPole-v1"
+
+
+def _ppo_cartpole(tmp_path, **overrides) -> tuple[ppo.PPOBuilder, experiment.ExperimentConfig]:
+    config, settings = ppo_presets.ppo_preset("cartpole")
+    settings = {
+        **settings,
+        "env_id": ENV,
+        "launcher": "anakin",
+        # Two devices of the four tests/conftest.py makes: one actor's envs on each, so the
+        # per-device policies (a switch on the device index) run as a GPU pair would.
+        "num_learner_devices": 2,
+        **overrides,
+    }
+    return ppo.PPOBuilder(config), experiment.ExperimentConfig(
+        logdir=str(tmp_path), seed=0, **settings
+    )
+
+
+def test_ppo_solves_gymnax_cartpole_in_one_compiled_loop(tmp_path):
+    builder, cfg = _ppo_cartpole(tmp_path, total_env_steps=100_000, eval_episodes=20)
+    summary = experiment.run_experiment(builder, cfg)
+    assert summary["stop_reason"] == "total_env_steps reached"
+    # The learner stops its own envs at the budget, less than one iteration (every env's
+    # 64 steps) past it.
+    per_iteration = cfg.num_actors * cfg.num_envs_per_actor * builder.config.trajectory_length
+    assert cfg.total_env_steps <= summary["env_steps"] < cfg.total_env_steps + per_iteration
+    # Final greedy return after the whole budget; a random policy scores about 22.
+    assert summary["final_eval_return"] >= 475, summary["evaluations"]
+    assert summary["final_eval_episodes"] == 20
+    assert summary["episodes"] > 0 and math.isfinite(summary["mean_train_return"])
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    # Each actor's envs act with that actor's policy and carry its index into the batch.
+    for index in range(cfg.num_actors):
+        kls = [float(row[f"kl/actor_{index}"]) for row in rows if row.get(f"kl/actor_{index}")]
+        assert any(math.isfinite(kl) and kl >= 0 for kl in kls), (index, kls)
+    assert (tmp_path / "curves.png").exists()
+
+
+def test_a_resumed_anakin_run_goes_on_from_its_checkpoint(tmp_path):
+    builder, cfg = _ppo_cartpole(tmp_path, total_env_steps=20_000, eval_interval_s=0)
+    first = experiment.run_experiment(builder, cfg)
+    longer = dataclasses.replace(cfg, total_env_steps=40_000, resume=True)
+    second = experiment.run_experiment(builder, longer)
+    assert second["resumed_from_learner_step"] == first["learner_steps"]
+    assert second["learner_steps"] > first["learner_steps"]
+    assert second["env_steps"] >= 40_000 and second["episodes"] > first["episodes"]
+    # The whole run's rows, the first part's kept.
+    rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    assert float(rows[0]["env_steps"]) <= first["env_steps"] < float(rows[-1]["env_steps"])
+
+
+def _refusal(builder, cfg) -> str:
+    with pytest.raises(ValueError) as raised:
+        experiment.check_run(builder, cfg)
+    return str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"env_id": "CartPole-v1"}, "try --env=gymnax/CartPole-v1"),
+        ({"env_id": "gymnax/CartPol-v1"}, "gymnax/CartPole-v1"),
+        ({"num_envs_per_actor": 4}, "set --num_envs_per_actor=8"),
+        ({"num_learner_devices": 0}, "num_actors=2 must be a multiple of it"),
+        ({"learner_mode": "gorila"}, "launcher=anakin does not take learner_mode=gorila"),
+        ({"num_replay_shards": 2}, "does not take num_replay_shards > 1"),
+        ({"launcher": "local", "anakin_iterations_per_call": 4}, "is for launcher=anakin"),
+    ],
+)
+def test_what_anakin_cannot_run_is_refused_with_what_would(tmp_path, overrides, message):
+    assert message in _refusal(*_ppo_cartpole(tmp_path, **overrides))
+
+
+def test_agents_that_sample_a_replay_are_refused_until_a_device_replay_exists(tmp_path):
+    config, settings = dqn_presets.dqn_preset("cartpole")
+    cfg = experiment.ExperimentConfig(
+        logdir=str(tmp_path), **{**settings, "env_id": ENV, "launcher": "anakin"}
+    )
+    assert "runs on-policy agents" in _refusal(dqn.DQNBuilder(config), cfg)
