@@ -4,8 +4,8 @@ The skeleton (actor, learner, replay, evaluator, experiment) calls only what
 `AgentBuilder` declares and never branches on which agent it runs. What only some
 agents can do is a capability of its own, a protocol the skeleton checks with
 `isinstance` (through the functions below it): `GorilaCapable` (Gorila mode's
-parameter-server shards), `LearnsFromDemonstrations`, `TieredReplay` and
-`CountsDuplicates`. An agent without one simply lacks its members.
+parameter-server shards), `LearnsFromDemonstrations`, `TieredReplay`,
+`CountsDuplicates` and `WritesTransitions`. An agent without one simply lacks its members.
 """
 
 import threading
@@ -284,6 +284,15 @@ class CountsDuplicates(Protocol):
         None: off."""
 
 
+@runtime_checkable
+class WritesTransitions(Protocol):
+    """An agent whose actors write n-step transitions (`replay.NStepAdder`), which an Anakin
+    learner makes on the device instead (`--launcher=anakin`)."""
+
+    def n_step(self) -> replay.NStep:
+        """Its n, discount and the priority new items are written at."""
+
+
 def demo_fraction(builder: AgentBuilder) -> float | None:
     """The agent's share of demonstrations in a batch; None: it cannot learn from them."""
     return builder.demo_fraction if isinstance(builder, LearnsFromDemonstrations) else None
@@ -298,6 +307,11 @@ def replay_tables(builder: AgentBuilder, spec: types.EnvSpec) -> list[replay.Tab
     """The agent's replay tables for `spec`: what a replay node builds (picklable with
     `functools.partial`, for a node in another process)."""
     return list(builder.replay_layout(spec).tables)
+
+
+def n_step(builder: AgentBuilder) -> replay.NStep | None:
+    """How the agent's transitions are made; None: it writes none (PPO's chunks)."""
+    return builder.n_step() if isinstance(builder, WritesTransitions) else None
 
 
 def duplicate_counter(builder: AgentBuilder) -> replay.DuplicateCounter | None:

@@ -75,11 +75,13 @@ class DQNBuilder:
 
         def make_adder(connection, num_envs, stop_event, table=None):
             writer = connection.writer(table or TABLE, stop_event=stop_event)
-            return replay.NStepAdder(
-                writer, codec, num_envs, cfg.n_step, cfg.discount, cfg.initial_priority
-            )
+            return replay.NStepAdder(writer, codec, num_envs, *self.n_step())
 
         return builder_lib.ReplayLayout([table], TABLE, codec, make_adder)
+
+    def n_step(self) -> replay.NStep:
+        cfg = self.config
+        return replay.NStep(cfg.n_step, cfg.discount, cfg.initial_priority)
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:
         optimizer = learning.make_optimizer(self.config)

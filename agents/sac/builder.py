@@ -71,9 +71,12 @@ class SACBuilder:
 
         def make_adder(connection, num_envs, stop_event, table=None):
             writer = connection.writer(table or TABLE, stop_event=stop_event)
-            return replay.NStepAdder(writer, codec, num_envs, cfg.n_step, cfg.discount)
+            return replay.NStepAdder(writer, codec, num_envs, *self.n_step())
 
         return builder_lib.ReplayLayout([table], TABLE, codec, make_adder)
+
+    def n_step(self) -> replay.NStep:
+        return replay.NStep(self.config.n_step, self.config.discount)
 
     def init_train_state(self, key: jax.Array, spec: types.EnvSpec) -> learning.TrainState:
         return learning.init_train_state(

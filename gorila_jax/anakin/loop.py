@@ -2,10 +2,13 @@
 the agent's update compiled into one program per device, run under `jax.pmap`.
 
 One iteration, per device: the agent's acting policies step this device's envs T times
-(`lax.scan`; a gymnax env's pure step, `gymnax_envs.vector_programs`), the steps become
-the agent's batch as replay would hand it (`types.Trajectory` [envs, T], decoded), and
-the learner's guarded update (`step.make_step`) runs on it. A device call runs
-`iterations` of them (`lax.scan`), the last ones skipped where the budget ends first.
+(`lax.scan`; a gymnax env's pure step, `gymnax_envs.vector_programs`), the steps become a
+`types.Trajectory` [envs, T] as an actor's adder would see them, and the agent learns
+from it (`Learning`) through the learner's guarded update (`step.make_step`): an
+on-policy agent's batch is the rollout itself (`on_policy`), an off-policy agent's
+transitions go into a replay on the device and it samples its updates from there
+(`off_policy`). A device call runs `iterations` of them (`lax.scan`), the last ones
+skipped where the budget ends first.
 
 The envs are laid out as the distributed run's actors hold them: `num_actors` actors of
 `num_envs_per_actor` envs, `num_actors / D` actors to each of the D devices; each actor's
@@ -13,6 +16,7 @@ envs act with that actor's policy (`make_policy(actor_index)`: DQN's per-actor e
 and its steps carry its index, so an agent sees the same data either way.
 """
 
+import math
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -20,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import gymnax_envs, parallel, types
-from gorila_jax.learning import step as step_lib
+from gorila_jax import gymnax_envs, parallel, replay, types
+from gorila_jax.anakin import device_replay
 
 # Folded into the run's seed for the envs' and policies' keys (the learner's state uses 0,
 # its rollback noise 2**20).
@@ -77,12 +81,14 @@ class CallOutput(NamedTuple):
       finished_returns: [iterations, T, envs] the return of each episode that ended at
         that step, NaN elsewhere (and in skipped iterations).
       env_steps: [iterations] valid env steps (a reset's step is none), 0 when skipped.
+      updates: [iterations] the updates each made (learner steps).
     """
 
     info: builder_lib.StepInfo
     published: Any
     finished_returns: jax.Array
     env_steps: jax.Array
+    updates: jax.Array
 
 
 def _device_policies(
@@ -144,19 +150,155 @@ def env_keys(seed: int, env_steps: int, num_devices: int) -> np.ndarray:
     return np.stack([np.asarray(jax.random.fold_in(root, d)) for d in range(num_devices)])
 
 
+class Learning(NamedTuple):
+    """How one iteration learns from its rollout, and what it keeps between iterations.
+
+    learn(state, guard, kept, trajectory) -> (state, guard, kept, metrics, updates):
+    an on-policy agent's one update on the rollout itself (`kept` is ()); an off-policy
+    agent's transitions into its device replay and the updates its replay ratio owes
+    (`off_policy`).
+    """
+
+    learn: Callable
+    initial: Callable[[jax.Array], Any]  # a device's key -> its `kept` at the start
+
+
+def on_policy(update: Callable, layout: Layout) -> Learning:
+    """The rollout is the batch, one chunk per env: one update per iteration."""
+    envs = layout.envs_per_device
+
+    def learn(state, guard, kept, trajectory):
+        batch = builder_lib.SampledBatch(
+            trajectory,
+            probabilities=jnp.ones(envs, jnp.float32),
+            table_size=jnp.full(envs, envs * layout.num_devices, jnp.int32),
+        )
+        state, guard, info, _ = update(state, guard, batch)
+        return state, guard, kept, info.metrics, jnp.ones((), jnp.int32)
+
+    return Learning(learn, lambda key: ())
+
+
+class OffPolicyKept(NamedTuple):
+    """What an off-policy iteration keeps: the device's replay, each env's last n - 1 steps
+    (the start of transitions the next rollout completes), the updates owed, a key."""
+
+    ring: device_replay.Ring
+    tail: types.Trajectory
+    owed: jax.Array
+    key: jax.Array
+
+
+def off_policy(
+    update: Callable,
+    layout: Layout,
+    spec: types.EnvSpec,
+    nstep: replay.NStep,
+    table: replay.TableSpec,
+    batch_size: int,
+) -> Learning:
+    """The rollout's n-step transitions go into the device replay; once it holds the
+    table's minimum, each inserted item owes samples_per_insert / batch_size updates
+    (the rate limiter's ratio), each on a batch sampled from it, whose new priorities
+    go back into it."""
+    devices, envs, length = layout.num_devices, layout.envs_per_device, layout.trajectory_length
+    held = nstep.n - 1
+    rows = batch_size // devices
+    per_item = table.rate_limit.samples_per_insert / batch_size
+    most = math.ceil(per_item * devices * envs * length) + 1  # updates one iteration may owe
+    capacity = -(-table.max_size // devices)
+    observation = jnp.zeros(spec.observation_shape, spec.observation_dtype)
+    example = types.Transition(
+        observation,
+        jnp.zeros(spec.action_shape, spec.action_dtype),
+        jnp.float32(0),
+        jnp.float32(0),
+        observation,
+    )
+
+    def initial(key):
+        def steps(shape=(), dtype=jnp.float32):
+            return jnp.zeros((envs, held, *shape), dtype)
+
+        tail = types.Trajectory(
+            observation=steps(spec.observation_shape, spec.observation_dtype),
+            action=steps(spec.action_shape, spec.action_dtype),
+            reward=steps(),
+            terminated=steps(dtype=bool),
+            truncated=steps(dtype=bool),
+            valid=steps(dtype=bool),  # nothing before the first step
+            extras=None,
+            param_version=None,
+            actor_index=None,
+        )
+        ring = device_replay.empty(example, capacity)
+        return OffPolicyKept(ring, tail, jnp.zeros((), jnp.float32), key)
+
+    def learn(state, guard, kept: OffPolicyKept, trajectory: types.Trajectory):
+        steps = trajectory._replace(
+            observation=trajectory.observation[:, :-1],
+            extras=None,
+            param_version=None,
+            actor_index=None,
+        )
+        window = jax.tree.map(lambda a, b: jnp.concatenate([a, b], axis=1), kept.tail, steps)
+        tail = jax.tree.map(lambda x: x[:, length : length + held], window)
+        window = window._replace(
+            observation=jnp.concatenate(
+                [window.observation, trajectory.observation[:, -1:]], axis=1
+            )
+        )
+        items, real = jax.vmap(device_replay.n_step_transitions, in_axes=(0, None))(window, nstep)
+        flat = lambda x: x.reshape((-1, *x.shape[2:]))  # noqa: E731  [envs, T] -> [envs * T]
+        ring = device_replay.insert(
+            kept.ring, jax.tree.map(flat, items), flat(real), nstep.initial_priority
+        )
+        size = parallel.psum(ring.size)
+        filled = size >= table.rate_limit.min_size
+        owed = kept.owed + jnp.where(filled, parallel.psum(real.sum()) * per_item, 0.0)
+        updates = jnp.minimum(jnp.floor(owed), most).astype(jnp.int32)
+
+        def one(carry):
+            state, guard, ring, key = carry
+            key, sample_key = jax.random.split(key)
+            indices, data, probabilities = device_replay.sample(
+                ring, sample_key, rows, table.priority_exponent
+            )
+            batch = builder_lib.SampledBatch(data, probabilities, jnp.full(rows, size))
+            state, guard, info, _ = update(state, guard, batch)
+            if info.priorities is not None:
+                ring = device_replay.set_priorities(ring, indices, info.priorities)
+            return (state, guard, ring, key), info.metrics
+
+        def skipped(carry):
+            shapes = jax.eval_shape(one, carry)[1]
+            return carry, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+        (state, guard, ring, key), metrics = jax.lax.scan(
+            lambda carry, index: jax.lax.cond(index < updates, one, skipped, carry),
+            (state, guard, ring, kept.key),
+            jnp.arange(most),
+        )
+        metrics = jax.tree.map(lambda m: m[jnp.maximum(updates - 1, 0)], metrics)
+        kept = OffPolicyKept(ring, tail, owed - updates, key)
+        return state, guard, kept, metrics, updates
+
+    return Learning(learn, initial)
+
+
 def make_call(
     builder: builder_lib.AgentBuilder,
     spec: types.EnvSpec,
     layout: Layout,
     num_actors: int,
     iterations: int,
+    learning: Learning,
 ) -> Callable:
-    """The per-device call ((state, guard, envs), first version, active iterations) ->
-    ((state, guard, envs), CallOutput); for `parallel.pmap_step`, the versions and the
-    count given whole to every device."""
+    """The per-device call ((state, guard, envs, kept), first version, active iterations)
+    -> ((state, guard, envs, kept), CallOutput); for `parallel.pmap_step`, the version
+    and the count given whole to every device."""
     _, env_step = gymnax_envs.vector_programs(spec.env_id, layout.envs_per_device)
     act = _device_policies(builder, spec, layout, num_actors)
-    update = step_lib.make_step(builder, spec, from_replay=False)
     access = builder.state_access
     length, per_actor = layout.trajectory_length, layout.actors_per_device
     envs_per_device = layout.envs_per_device
@@ -206,15 +348,10 @@ def make_call(
         return envs, trajectory, finished, valid.sum()
 
     def iterate(carry, version):
-        state, guard, envs = carry
+        state, guard, envs, kept = carry
         envs, trajectory, finished, env_steps = rollout(access.actor_params(state), envs, version)
-        batch = builder_lib.SampledBatch(
-            trajectory,
-            probabilities=jnp.ones(envs_per_device, jnp.float32),
-            table_size=jnp.full(envs_per_device, envs_per_device * layout.num_devices, jnp.int32),
-        )
-        state, guard, info, _ = update(state, guard, batch)
-        return (state, guard, envs), (info.metrics, finished, env_steps)
+        state, guard, kept, metrics, updates = learning.learn(state, guard, kept, trajectory)
+        return (state, guard, envs, kept), (metrics, finished, env_steps, updates)
 
     def call(carry, first_version, active):
         def skipped(carry, _version):
@@ -225,13 +362,16 @@ def make_call(
             version = first_version + index
             return jax.lax.cond(index < active, iterate, skipped, carry, version)
 
-        carry, (metrics, finished, env_steps) = jax.lax.scan(
+        carry, (metrics, finished, env_steps, updates) = jax.lax.scan(
             body, carry, jnp.arange(iterations, dtype=jnp.int32)
         )
         finished = jnp.where(jnp.arange(iterations)[:, None, None] < active, finished, jnp.nan)
-        last = jax.tree.map(lambda m: m[active - 1], metrics)
+        # The metrics of the last iteration that updated (zeros where none did).
+        last = jnp.max(jnp.where(updates > 0, jnp.arange(iterations), 0))
+        metrics = jax.tree.map(lambda m: m[last], metrics)
         published = access.actor_params(carry[0])
-        return carry, CallOutput(builder_lib.StepInfo(None, last), published, finished, env_steps)
+        info = builder_lib.StepInfo(None, metrics)
+        return carry, CallOutput(info, published, finished, env_steps, updates)
 
     return call
 
@@ -239,4 +379,4 @@ def make_call(
 # `parallel.pmap_step` axes of `make_call`'s call: the carry per device, the version and
 # the count whole; out: the carry and CallOutput per device, the published parameters once.
 IN_AXES = (0, None, None)
-OUT_AXES = (0, CallOutput(0, None, 0, 0))
+OUT_AXES = (0, CallOutput(0, None, 0, 0, 0))

@@ -1,5 +1,6 @@
-"""The Anakin learner: a learner node whose batches are its own envs' steps, acted, stepped
-and learned from in one compiled program on its devices (`loop.make_call`).
+"""The Anakin learner: a learner node that acts in its own envs, steps them, keeps their
+transitions (an off-policy agent's device replay) and learns from them in one compiled
+program on its devices (`loop.make_call`).
 
 It is a synchronous learner in everything else (state, numeric guard and rollbacks,
 published parameters, checkpoints, heartbeats), so the monitor, driver, evaluator,
@@ -8,6 +9,7 @@ env steps, episodes and their returns as an actor does.
 """
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -18,6 +20,7 @@ from gorila_jax import gymnax_envs, parallel, replay, types
 from gorila_jax.anakin import loop
 from gorila_jax.distributed import program
 from gorila_jax.learning import settings as learner_settings
+from gorila_jax.learning import step as step_lib
 from gorila_jax.learning import sync_learner
 
 
@@ -46,8 +49,9 @@ def check_run(
 
     Raises:
       ValueError: in one line, naming what would work: an env that is not written in JAX,
-        an agent whose replay is not a queue, or envs that do not match the agent's batch
-        or do not split over the devices.
+        actors that do not split over the devices, a queue agent's envs that do not match
+        its batch, or an off-policy agent the loop cannot pace (a growing batch, no
+        samples_per_insert, duplicate-aware priorities).
     """
     if not gymnax_envs.owns(spec.env_id):
         twin = gymnax_envs.PREFIX + spec.env_id
@@ -57,35 +61,67 @@ def check_run(
             f"needs an env written in JAX, gymnax/<id>{hint}; {spec.env_id} runs on CPU "
             "actors: use --launcher=local or ray for it"
         )
-    layout = builder.replay_layout(spec)
-    table = next(t for t in layout.tables if t.name == layout.sample_table)
-    if table.kind != replay.QUEUE:
-        raise ValueError(
-            "--launcher=anakin runs on-policy agents (a trajectory queue: --agent=ppo) so far; "
-            f"this agent samples a {table.kind} replay, and a replay on the device is not "
-            "built yet: use --launcher=local or ray for it"
-        )
-    envs = settings.num_actors * settings.num_envs_per_actor
-    batch = builder.batch_plan.batch_size
-    if envs != batch:
-        fix = (
-            f"set --num_envs_per_actor={batch // settings.num_actors}"
-            if batch % settings.num_actors == 0
-            else f"set --num_actors to a divisor of {batch}"
-        )
-        raise ValueError(
-            f"--launcher=anakin trains on each rollout once, one chunk per env: the agent's "
-            f"batch of {batch} chunks needs num_actors x num_envs_per_actor = {batch} envs, "
-            f"got {settings.num_actors} x {settings.num_envs_per_actor}; {fix}"
-        )
     if settings.num_actors % devices:
         raise ValueError(
             f"--launcher=anakin gives each of the {devices} devices the envs of whole actors: "
             f"num_actors={settings.num_actors} must be a multiple of it "
             "(or set --num_learner_devices)"
         )
-    return loop.Layout(
-        devices, settings.num_actors // devices, settings.num_envs_per_actor, _chunk_length(layout)
+    layout = builder.replay_layout(spec)
+    table = _sampled_table(layout)
+    envs = settings.num_actors * settings.num_envs_per_actor
+    plan = builder.batch_plan
+    per_device = settings.num_actors // devices
+    if table.kind == replay.QUEUE:
+        if envs != plan.batch_size:
+            fix = (
+                f"set --num_envs_per_actor={plan.batch_size // settings.num_actors}"
+                if plan.batch_size % settings.num_actors == 0
+                else f"set --num_actors to a divisor of {plan.batch_size}"
+            )
+            raise ValueError(
+                f"--launcher=anakin trains on each rollout once, one chunk per env: the "
+                f"agent's batch of {plan.batch_size} chunks needs num_actors x "
+                f"num_envs_per_actor = {plan.batch_size} envs, got {settings.num_actors} x "
+                f"{settings.num_envs_per_actor}; {fix}"
+            )
+        return loop.Layout(devices, per_device, settings.num_envs_per_actor, _chunk_length(layout))
+    nstep = builder_lib.n_step(builder)
+    refusal = None
+    if nstep is None:
+        refusal = "this agent's replay items are not n-step transitions"
+    elif len(plan.schedule) > 1:
+        refusal = (
+            f"its batch grows ({plan.batch_size} to {plan.largest_batch}), and one compiled "
+            "loop takes one batch size: keep it fixed"
+        )
+    elif table.rate_limit.samples_per_insert is None:
+        refusal = "its replay sets no samples_per_insert, which paces the updates here"
+    elif builder_lib.duplicate_counter(builder) is not None:
+        refusal = "duplicate-aware priorities count several actors' copies of one transition"
+    if refusal:
+        raise ValueError(f"--launcher=anakin cannot run this agent: {refusal}")
+    # Long enough that an iteration's inserts owe at least one update.
+    updates_per_item = table.rate_limit.samples_per_insert / plan.batch_size
+    length = max(nstep.n, math.ceil(1 / (updates_per_item * envs)))
+    return loop.Layout(devices, per_device, settings.num_envs_per_actor, length)
+
+
+def _sampled_table(layout: builder_lib.ReplayLayout) -> replay.TableSpec:
+    return next(table for table in layout.tables if table.name == layout.sample_table)
+
+
+def learning(
+    builder: builder_lib.AgentBuilder, spec: types.EnvSpec, layout: loop.Layout
+) -> loop.Learning:
+    """How each iteration learns: from the rollout itself (a queue's agent), or from the
+    device replay its transitions go into."""
+    update = step_lib.make_step(builder, spec, from_replay=False)
+    table = _sampled_table(builder.replay_layout(spec))
+    if table.kind == replay.QUEUE:
+        return loop.on_policy(update, layout)
+    return loop.off_policy(
+        update, layout, spec, builder_lib.n_step(builder), table, builder.batch_plan.batch_size
     )
 
 
@@ -144,15 +180,27 @@ class AnakinNode(sync_learner.SyncLearnerNode):
         self._env_steps = int(counters.get("env_steps", 0))
         self._episodes = int(counters.get("episodes", 0))
         self._returns: list[float] = []
+        learns = learning(builder, spec, layout)
         self._call = parallel.pmap_step(
-            loop.make_call(builder, spec, layout, anakin.num_actors, anakin.iterations_per_call),
+            loop.make_call(
+                builder, spec, layout, anakin.num_actors, anakin.iterations_per_call, learns
+            ),
             self._devices,
             out_axes=loop.OUT_AXES,
             in_axes=loop.IN_AXES,
         )
-        reset = parallel.pmap_step(loop.make_reset(spec.env_id, layout), self._devices)
-        keys = loop.env_keys(seed, self._env_steps, len(self._devices))
-        self._envs = reset(parallel.per_device(keys, self._devices))
+        keys = parallel.per_device(
+            loop.env_keys(seed, self._env_steps, len(self._devices)), self._devices
+        )
+        self._envs = parallel.pmap_step(
+            loop.make_reset(spec.env_id, layout), self._devices, donate_state=False
+        )(keys)
+        # A resumed off-policy run starts with an empty replay (it is not checkpointed).
+        self._kept = parallel.pmap_step(
+            lambda key: learns.initial(jax.random.fold_in(key, 1)),
+            self._devices,
+            donate_state=False,
+        )(keys)
 
     def _iterations_left(self) -> int:
         """Iterations until the budget is spent (the last may pass it)."""
@@ -167,16 +215,22 @@ class AnakinNode(sync_learner.SyncLearnerNode):
             self.sleep(min(timeout, 0.05))  # the driver ends the run
             return False
         with self._state_lock:
-            carry, out = self._call((self._state, self._guard, self._envs), self._steps, active)
-            self._state, self._guard, self._envs = carry
+            carry = (self._state, self._guard, self._envs, self._kept)
+            carry, out = self._call(carry, self._steps, active)
+            self._state, self._guard, self._envs, self._kept = carry
+            # Every device makes the same updates: the first one's count.
+            finished, env_steps, updates = jax.device_get(
+                (out.finished_returns, out.env_steps, out.updates[0])
+            )
             with self._params_lock:
-                self._steps += active
+                self._steps += int(updates.sum())
                 self._published = out.published
-        finished, env_steps = jax.device_get((out.finished_returns, out.env_steps))
         returns = finished[~np.isnan(finished)].tolist()
         self._returns.extend(returns)
         self._episodes += len(returns)
         self._env_steps += int(env_steps.sum())
+        if not updates.any():
+            return True  # the replay is still filling
         self._last_batch_size = self._builder.batch_plan.batch_size
         streak = self._finish_step(None, out.info)
         if self._settings.max_nonfinite_steps and streak >= self._settings.max_nonfinite_steps:

@@ -73,6 +73,7 @@ from gorila_jax.replay.sharded import (
 from gorila_jax.replay.tiering import COLD_CHECKPOINT, TierMetrics, Tiering, spill_table
 from gorila_jax.replay.tables import prioritized_table, queue_table, rate_limiter, uniform_table
 from gorila_jax.replay.writers import (
+    NStep,
     NStepAccumulator,
     NStepAdder,
     TrajectoryAdder,
@@ -126,6 +127,7 @@ __all__ = [
     "MixedSampler",
     "ItemCodec",
     "NStepAccumulator",
+    "NStep",
     "NStepAdder",
     "PortInUse",
     "PriorityUpdater",

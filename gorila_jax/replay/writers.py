@@ -2,6 +2,8 @@
 written through any backend's `api.Writer`."""
 
 import jax
+from typing import NamedTuple
+
 import numpy as np
 
 from gorila_jax import types
@@ -95,6 +97,15 @@ class NStepAccumulator:
             discount=discount.astype(np.float32),
             next_observation=np.repeat(last_obs[None], count, axis=0),
         )
+
+
+class NStep(NamedTuple):
+    """How an agent's transitions are made (`NStepAdder`, and an Anakin learner's on the
+    device): n-step returns at `discount`, each item written at `initial_priority`."""
+
+    n: int
+    discount: float
+    initial_priority: float = 1.0
 
 
 class NStepAdder:

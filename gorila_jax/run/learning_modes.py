@@ -5,8 +5,8 @@ parameters are and what its checkpoints restore into.
     sync       one learner group (one host, or several as one jax.distributed job)
     gorila     gradient workers and parameter-server shards (gorila/mode.py)
     federated  a client (learner) per replay and a coordinator (federated/nodes.py)
-    anakin     (--launcher=anakin) one learner that acts in its own JAX envs, with no
-               replay and no actors (gorila_jax/anakin)
+    anakin     (--launcher=anakin) one learner that acts in its own JAX envs and keeps
+               its replay on its devices: no replay or actor nodes (gorila_jax/anakin)
 
 `of(cfg)` is where the settings are read; the program builder, the driver and the role
 groups go through the mode's methods and never branch on its name.
@@ -303,7 +303,7 @@ class FederatedMode(SyncMode):
 
 class AnakinMode(SyncMode):
     """One learner acting in its own JAX envs inside its compiled loop (`--launcher=anakin`,
-    docs/anakin.md): no replay, no actors; the evaluator reads it as it reads a learner."""
+    docs/anakin.md): no replay or actor nodes; the evaluator reads it as a learner."""
 
     name = "anakin"
     replay_beside_checkpoint = False
