@@ -9,6 +9,7 @@ env steps, episodes and their returns as an actor does.
 """
 
 import dataclasses
+import logging
 import math
 from typing import Any
 
@@ -22,6 +23,11 @@ from gorila_jax.distributed import program
 from gorila_jax.learning import settings as learner_settings
 from gorila_jax.learning import step as step_lib
 from gorila_jax.learning import sync_learner
+
+
+# The checkpoint file beside the agent's state that keeps an off-policy agent's device
+# replay, its envs' last steps, its owed updates and its sampling key.
+DEVICE_REPLAY = "device_replay"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +150,9 @@ class AnakinNode(sync_learner.SyncLearnerNode):
         `learner.LearnerNode`'s.
       anakin: its envs, iterations per call and budget (`AnakinSettings`).
       restored_counters: the counters it reported last (a restart, or the checkpoint's
-        on a resume): learner steps, env steps and episodes go on from them. Its envs
-        start new episodes (an env's state is not checkpointed).
+        on a resume): learner steps, env steps and episodes go on from them, an off-policy
+        agent's device replay from the checkpoint it restores. Its envs start new episodes
+        (an env's state is not checkpointed).
     """
 
     def __init__(
@@ -195,12 +202,13 @@ class AnakinNode(sync_learner.SyncLearnerNode):
         self._envs = parallel.pmap_step(
             loop.make_reset(spec.env_id, layout), self._devices, donate_state=False
         )(keys)
-        # A resumed off-policy run starts with an empty replay (it is not checkpointed).
         self._kept = parallel.pmap_step(
             lambda key: learns.initial(jax.random.fold_in(key, 1)),
             self._devices,
             donate_state=False,
         )(keys)
+        if self._started_from >= 0:
+            self._restore_kept(self._started_from)
 
     def _iterations_left(self) -> int:
         """Iterations until the budget is spent (the last may pass it)."""
@@ -237,6 +245,23 @@ class AnakinNode(sync_learner.SyncLearnerNode):
             self._roll_back(streak)
         return True
 
+    def _restore_kept(self, step: int) -> None:
+        """An off-policy agent's device replay (and the steps it waits on) as checkpoint
+        `step` kept them; an empty one, with a warning, where they do not load."""
+        if not jax.tree.leaves(self._kept):
+            return  # an on-policy agent keeps nothing between rollouts
+        try:
+            kept = self._checkpoints.restore_beside(step, DEVICE_REPLAY, jax.device_get(self._kept))
+        except Exception:  # noqa: BLE001  a damaged file, or another number of devices
+            logging.warning(
+                "%s: the device replay of checkpoint %d does not load; it fills again",
+                self._name,
+                step,
+                exc_info=True,
+            )
+            return
+        self._kept = parallel.per_device(kept, self._devices)
+
     def _take_episode_returns(self) -> list[float]:
         returns, self._returns = self._returns, []
         return returns
@@ -251,4 +276,6 @@ class AnakinNode(sync_learner.SyncLearnerNode):
     def _checkpoint_contents(self) -> tuple[int, Any, dict[str, Any]]:
         step, state, node_meta = super()._checkpoint_contents()
         node_meta["counters"].update(env_steps=self._env_steps, episodes=self._episodes)
+        if jax.tree.leaves(self._kept):
+            node_meta["beside"] = {DEVICE_REPLAY: jax.device_get(self._kept)}
         return step, state, node_meta

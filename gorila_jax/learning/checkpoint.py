@@ -157,8 +157,12 @@ class LearnerCheckpoints:
             return []
         return sorted(int(name) for name in os.listdir(self._directory) if name.isdigit())
 
-    def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
-        """Writes `state` (host arrays) and `meta` (JSON-able) as `step`, replacing one there.
+    def save(
+        self, step: int, state: Any, meta: dict[str, Any], beside: dict[str, Any] | None = None
+    ) -> None:
+        """Writes `state` (host arrays) and `meta` (JSON-able) as `step`, replacing one there;
+        each of `beside` (name -> host arrays: what a node keeps besides the agent's state)
+        in a file of its own in the same checkpoint, `restore_beside` reads it.
 
         Returns once the checkpoint is on disk under its final name (resume
         and shutdown rely on "returned" meaning "saved").
@@ -173,6 +177,8 @@ class LearnerCheckpoints:
             checkpoint_files.write_bytes(
                 os.path.join(partial, META_FILE), json.dumps(meta).encode()
             )
+            for name, tree in (beside or {}).items():
+                checkpoint_files.write_state(os.path.join(partial, f"{name}.npz"), tree)
             if os.path.exists(final):
                 # A save at a step that already has one: the final save of a run
                 # whose learner did not step since the last one. Counters and
@@ -205,6 +211,15 @@ class LearnerCheckpoints:
         with open(os.path.join(directory, META_FILE)) as f:
             meta = json.load(f)
         return state, meta
+
+    def restore_beside(self, step: int, name: str, target: Any) -> Any:
+        """What `save` kept as `name` beside the state of checkpoint `step`.
+
+        Raises:
+          Exception: as `restore`, for one missing, truncated or of another structure.
+        """
+        path = os.path.join(self._directory, str(step), f"{name}.npz")
+        return checkpoint_files.read_state(path, target, step)
 
     def restore_newest(self, target: Any, owner: str) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, state, meta) of the newest checkpoint that loads, or None if none does.

@@ -104,7 +104,10 @@ class ReplayLearnerNode(program.Worker):
         raise NotImplementedError
 
     def _checkpoint_contents(self) -> tuple[int, Any, dict[str, Any]]:
-        """(step, state to save, metadata beside the monitor's), read under `_checkpoint_lock`."""
+        """(step, state to save, metadata beside the monitor's), read under `_checkpoint_lock`.
+
+        The metadata's "counters" are this node's; its "beside", if any, goes into files of
+        its own in the checkpoint (`LearnerCheckpoints.save`)."""
         raise NotImplementedError
 
     def _checkpoint_lock(self) -> ContextManager:
@@ -242,8 +245,9 @@ class ReplayLearnerNode(program.Worker):
             if self._replay is not None:
                 node_meta["replay"] = self._replay.checkpoint(step)
             counters = node_meta.pop("counters")
+            beside = node_meta.pop("beside", None)
             meta = checkpoint.run_meta(self._monitor, self._name, counters, step, **node_meta)
-            self._checkpoints.save(step, state, meta)  # deletes its old ones here
+            self._checkpoints.save(step, state, meta, beside)  # deletes its old ones here
         # Only now, with the new pair complete, may the replay drop the old ones.
         if self._replay is not None:
             self._replay.keep_checkpoints(self._checkpoints.steps())

@@ -130,3 +130,39 @@ def test_a_batch_that_grows_is_refused_with_the_reason(tmp_path):
         builder.config, batch_size_max=4 * builder.config.batch_size, batch_growth_steps=1000
     )
     assert "its batch grows" in _refusal(dqn.DQNBuilder(growing), cfg)
+
+
+def test_a_resumed_off_policy_run_keeps_its_device_replay(tmp_path):
+    # A large minimum, so that a replay that had to fill again shows as missing updates.
+    config, settings = dqn_presets.dqn_preset("cartpole")
+    config = dataclasses.replace(config, min_replay_size=4_000)
+    builder = dqn.DQNBuilder(config)
+    cfg = experiment.ExperimentConfig(
+        logdir=str(tmp_path),
+        **{
+            **settings,
+            "env_id": ENV,
+            "launcher": "anakin",
+            "num_learner_devices": 2,
+            "total_env_steps": 10_000,
+            "eval_interval_s": 0,
+        },
+    )
+    per_step = config.samples_per_insert / config.batch_size  # updates per env step
+    first = experiment.run_experiment(builder, cfg)
+    second = experiment.run_experiment(
+        builder, dataclasses.replace(cfg, total_env_steps=16_000, resume=True)
+    )
+    made = second["learner_steps"] - first["learner_steps"]
+    steps = second["env_steps"] - first["env_steps"]
+    assert made == pytest.approx(steps * per_step, rel=0.15)  # learning went straight on
+    # A checkpoint whose device replay is damaged resumes with an empty one, which fills
+    # to the minimum again before learning goes on.
+    newest = max((tmp_path / "checkpoints" / "learner").iterdir(), key=lambda p: int(p.name))
+    (newest / "device_replay.npz").write_bytes(b"damaged")
+    third = experiment.run_experiment(
+        builder, dataclasses.replace(cfg, total_env_steps=22_000, resume=True)
+    )
+    made = third["learner_steps"] - second["learner_steps"]
+    steps = third["env_steps"] - second["env_steps"]
+    assert made == pytest.approx((steps - config.min_replay_size) * per_step, rel=0.15)
