@@ -1,16 +1,18 @@
-"""The same agent on the same task two ways: PPO on gymnax's CartPole-v1 in one compiled
-loop (`--launcher=anakin`) and through actors and the trajectory queue (`--launcher=local`),
-one after the other, per seed.
+"""The same agent on the same task two ways: on gymnax's CartPole-v1 in one compiled loop
+(`--launcher=anakin`) and through actors and replay (`--launcher=local`), one after the
+other, per seed.
 
-Both take PPO's `cartpole` preset (2 actors x 8 envs, 64-step chunks, a batch of 16) at
-the same budget (the preset's 200k env steps by default), with evaluations every
-`--eval_interval_s`. Prints, per way and seed: env steps/s over the whole run
-(compilation included) and from its first logged env steps on (compilation left out),
-wall time to the first greedy evaluation of at least 475 (None: no evaluation during the
-run reached it), and the final greedy return; then each figure's median over seeds and
-anakin's speed over the actors'. Last line: JSON.
+Both take the agent's `cartpole` preset (PPO: 2 actors x 8 envs, 64-step chunks, a batch
+of 16; DQN: its prioritized replay, rate and n-step returns) at the same budget (the
+preset's by default), with evaluations every `--eval_interval_s`. Prints, per way and
+seed: env steps/s and updates/s over the whole run (compilation included), env steps/s
+from its first logged env steps on (compilation left out), wall time to the first greedy
+evaluation of at least 475 (None: no evaluation during the run reached it), and the final
+greedy return; then each figure's median over seeds and Anakin's speed over the actors'.
+Last line: JSON.
 
-  python bench/anakin_ppo.py --seeds=0,1,2,3,4 --total_env_steps=200000
+  python bench/anakin_two_ways.py --agent=ppo --seeds=0,1,2,3,4
+  python bench/anakin_two_ways.py --agent=dqn --seeds=0,1,2
 """
 
 import csv
@@ -24,19 +26,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from agents import ppo  # noqa: E402
+from agents import dqn, ppo  # noqa: E402
+from agents.dqn import presets as dqn_presets  # noqa: E402
 from agents.ppo import presets as ppo_presets  # noqa: E402
 from gorila_jax.run import experiment  # noqa: E402
 
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2", "3", "4"], "Seeds; each runs both ways.")
-_STEPS = flags.DEFINE_integer("total_env_steps", 200_000, "Budget of every run.")
+_AGENT = flags.DEFINE_enum("agent", "ppo", ["ppo", "dqn"], "The agent, with its cartpole preset.")
+_STEPS = flags.DEFINE_integer("total_env_steps", 0, "Budget of every run; 0: the preset's.")
 _EVAL_S = flags.DEFINE_float("eval_interval_s", 1.0, "Seconds between greedy evaluations.")
 _SOLVED = 475.0
 WAYS = ("anakin", "local")
 
 
 def one_run(way: str, seed: int) -> dict:
-    config, settings = ppo_presets.ppo_preset("cartpole")
+    preset, make = {
+        "ppo": (ppo_presets.ppo_preset, ppo.PPOBuilder),
+        "dqn": (dqn_presets.dqn_preset, dqn.DQNBuilder),
+    }[_AGENT.value]
+    config, settings = preset("cartpole")
     with tempfile.TemporaryDirectory() as logdir:
         cfg = experiment.ExperimentConfig(
             **{
@@ -45,12 +53,12 @@ def one_run(way: str, seed: int) -> dict:
                 "launcher": way,
                 "logdir": logdir,
                 "seed": seed,
-                "total_env_steps": _STEPS.value,
+                "total_env_steps": _STEPS.value or settings["total_env_steps"],
                 "eval_interval_s": _EVAL_S.value,
                 "num_learner_devices": 1,
             }
         )
-        summary = experiment.run_experiment(ppo.PPOBuilder(config), cfg)
+        summary = experiment.run_experiment(make(config), cfg)
         rows = list(csv.DictReader(open(os.path.join(logdir, "metrics.csv"))))
     moving = [row for row in rows if float(row["env_steps"]) > 0]
     steady = None  # env steps/s from the first row with env steps on: compilation left out
@@ -65,6 +73,7 @@ def one_run(way: str, seed: int) -> dict:
     ]
     return {
         "env_steps_per_s": summary["env_steps_per_s"],
+        "learner_steps_per_s": summary["learner_steps_per_s"],
         "steady_env_steps_per_s": steady,
         "wall_time_s": summary["wall_time_s"],
         "time_to_475_s": solved[0] if solved else None,
@@ -93,7 +102,7 @@ def main(argv: list[str]) -> None:
         print(f"{way:>6} medians: {json.dumps(figures)}")
     speedup = {
         name: medians["anakin"][name] / medians["local"][name]
-        for name in ("env_steps_per_s", "steady_env_steps_per_s")
+        for name in ("env_steps_per_s", "learner_steps_per_s", "steady_env_steps_per_s")
         if medians["anakin"][name] and medians["local"][name]
     }
     print(f"anakin over the actors: {json.dumps(speedup)}")
