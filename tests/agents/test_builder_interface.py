@@ -65,6 +65,7 @@ CAPABILITIES = {
     builder_lib.LearnsFromDemonstrations: {"dqn", "qrdqn", "sac"},
     builder_lib.TieredReplay: {"dqn", "qrdqn", "sac"},
     builder_lib.CountsDuplicates: {"dqn", "qrdqn"},
+    builder_lib.WritesTransitions: {"dqn", "qrdqn", "sac"},
 }
 
 
