@@ -161,6 +161,11 @@ class ReplayLayout(NamedTuple):
     codec: replay.ItemCodec
     make_adder: AdderFactory
 
+    @property
+    def sampled(self) -> replay.TableSpec:
+        """The declaration of `sample_table`."""
+        return next(table for table in self.tables if table.name == self.sample_table)
+
 
 class BatchPlan(NamedTuple):
     """How the learner takes its batches.

@@ -74,7 +74,7 @@ def check_run(
             "(or set --num_learner_devices)"
         )
     layout = builder.replay_layout(spec)
-    table = _sampled_table(layout)
+    table = layout.sampled
     envs = settings.num_actors * settings.num_envs_per_actor
     plan = builder.batch_plan
     per_device = settings.num_actors // devices
@@ -113,17 +113,13 @@ def check_run(
     return loop.Layout(devices, per_device, settings.num_envs_per_actor, length)
 
 
-def _sampled_table(layout: builder_lib.ReplayLayout) -> replay.TableSpec:
-    return next(table for table in layout.tables if table.name == layout.sample_table)
-
-
 def learning(
     builder: builder_lib.AgentBuilder, spec: types.EnvSpec, layout: loop.Layout
 ) -> loop.Learning:
     """How each iteration learns: from the rollout itself (a queue's agent), or from the
     device replay its transitions go into."""
     update = step_lib.make_step(builder, spec, from_replay=False)
-    table = _sampled_table(builder.replay_layout(spec))
+    table = builder.replay_layout(spec).sampled
     if table.kind == replay.QUEUE:
         return loop.on_policy(update, layout)
     return loop.off_policy(
