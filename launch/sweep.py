@@ -5,6 +5,8 @@ Examples:
       --grid=config.learning_rate=1e-3,5e-4 --grid=num_actors=2,4 --threshold=475 \
       -- --agent=dqn --env=CartPole-v1
   python -m launch.sweep --sweep_dir=runs/sweep1 --launcher=ray ...  # runs side by side
+  python -m launch.sweep --sweep_dir=runs/sweep2 --seeds=5 --launcher=anakin \
+      -- --agent=ppo --env=gymnax/Breakout-MinAtar  # on-device runs, one after the other
 
 Everything after `--` goes to every run; a grid key is a launch.train flag
 (`config.x` is `--config.x`). A group is one grid point, a run is a group and a
@@ -84,8 +86,9 @@ def _check_train_flags(train_flags: Sequence[str]) -> None:
             raise SweepError(f"{flag}: the sweep sets --{name} for each run itself")
 
 
-def declared_cpus(flags: Sequence[str], role: str | None = None) -> float:
-    """Parses and checks `flags` exactly as `python -m launch.train` does, without running.
+def declared_cpus(flags: Sequence[str], role: str | None = None, launcher: str = "local") -> float:
+    """Parses and checks `flags` exactly as `python -m launch.train --launcher=<launcher>`
+    does, without running.
 
     Returns:
       The CPUs the run's program declares (the sum over its nodes), what
@@ -102,7 +105,7 @@ def declared_cpus(flags: Sequence[str], role: str | None = None) -> float:
     from launch import train
 
     registry = absl_flags.FLAGS
-    argv = ["launch.train", *flags]
+    argv = ["launch.train", *flags, f"--launcher={launcher}"]
     # The config flag is defined for one agent's config class and registers
     # one flag per override it finds in sys.argv: both change per run.
     for name in [name for name in registry if name == "config" or name.startswith("config.")]:
@@ -175,7 +178,13 @@ def _parser() -> argparse.ArgumentParser:
         help="For a task of several roles (mpe/simple_tag_v3): the role whose final greedy "
         "return (and threshold crossing) the sweep reports.",
     )
-    parser.add_argument("--launcher", choices=["local", "ray"], default="local")
+    parser.add_argument(
+        "--launcher",
+        choices=["local", "ray", "anakin"],
+        default="local",
+        help="How each run runs (launch.train's --launcher): local and anakin runs one "
+        "after the other, ray runs side by side on one cluster.",
+    )
     parser.add_argument(
         "--max_concurrent",
         type=int,
@@ -214,11 +223,18 @@ def plan(
         raise SweepError(f"--max_concurrent must be non-negative, got {args.max_concurrent}")
     if args.bootstrap_reps < 1:
         raise SweepError(f"--bootstrap_reps must be at least 1, got {args.bootstrap_reps}")
+    if args.launcher != "ray":
+        for name in ("ray_address", "ray_num_cpus", "max_concurrent"):
+            if getattr(args, name):
+                raise SweepError(
+                    f"--{name} is for --launcher=ray; --launcher={args.launcher} runs one "
+                    "run at a time on this machine"
+                )
     _check_train_flags(train_flags)
     grid = parse_grid(args.grid)
     runs, points, cpus = [], {}, 0.0
     for name, flags in groups(grid):
-        cpus = max(cpus, declared_cpus([*train_flags, *flags], args.role))
+        cpus = max(cpus, declared_cpus([*train_flags, *flags], args.role, args.launcher))
         points[name] = dict(zip([key for key, _ in grid], [f.split("=", 1)[1] for f in flags]))
         for seed in range(args.seeds):
             logdir = os.path.join(args.sweep_dir, name, f"seed={seed}")

@@ -159,6 +159,8 @@ def test_a_run_whose_summary_was_lost_is_resumed_and_the_others_statistics_stay(
         (["--grid=seed=1,2"], TINY_RUN, "the sweep sets --seed itself"),
         ([], [*TINY_RUN, "--logdir=/tmp/x"], "the sweep sets --logdir"),
         (["--seeds=0"], TINY_RUN, "--seeds must be at least 1"),
+        (["--ray_address=127.0.0.1:1"], TINY_RUN, "--ray_address is for --launcher=ray"),
+        (["--launcher=anakin"], TINY_RUN, "needs an env written in JAX"),
     ],
 )
 def test_a_bad_sweep_is_refused_before_any_run_starts(tmp_path, flags, train_flags, message):
@@ -201,6 +203,29 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on_then_exits_non_zero(tmp_
     }
     assert record["groups"][huge]["final_return"] is None
     assert record["groups"][fits]["num_finished"] == 1
+
+
+def test_an_anakin_sweep_runs_each_seed_on_the_device_loop(tmp_path):
+    train_flags = [
+        "--agent=ppo",
+        "--env=gymnax/CartPole-v1",
+        "--total_env_steps=8192",
+        "--num_learner_devices=1",
+    ]
+    result = _sweep(tmp_path, "--seeds=2", "--launcher=anakin", train_flags=train_flags)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with open(tmp_path / "sweep.json") as f:
+        record = json.load(f)
+    assert record["launcher"] == "anakin"
+    runs = record["runs"]
+    assert [run["status"] for run in runs] == ["finished", "finished"]
+    for run in runs:
+        with open(os.path.join(run["logdir"], "summary.json")) as f:
+            summary = json.load(f)
+        assert summary["experiment"]["launcher"] == "anakin"
+        assert run["final_return"] == summary["final_eval_return"]
+    first, second = sorted(runs, key=lambda run: run["process_start_unix"])
+    assert second["process_start_unix"] >= first["process_start_unix"] + first["process_wall_s"]
 
 
 @pytest.mark.slow
