@@ -11,8 +11,15 @@ The same rules as the native replay and `replay.NStepAdder`, in fixed shapes:
   sharded replay;
 - a PRIORITIZED table samples in proportion to priority ** exponent; new items take the
   agent's initial priority; a NaN priority from the update keeps the item's old one.
+
+Prioritized draws go in two stages, a block of slots by the block's summed weight, then a
+slot of that block by its own: exact, and each draw reads about sqrt(capacity) weights
+instead of all of them (a flat draw over 100k items cost a quarter of a MinAtar DQN
+update here). The block sums are recomputed from the priorities wherever they change,
+so they never drift.
 """
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -26,15 +33,32 @@ class Ring(NamedTuple):
 
     Attributes:
       items: `types.Transition` with [capacity, ...] leaves.
-      priorities: [capacity] float32 (0 where empty).
+      priorities: [blocks * block size] float32, slot i's at i (0 where empty, and in the
+        padding past the capacity).
+      block_weights: [blocks] float32, each block's sum of priority ** exponent over its
+        held slots (zeros for a uniform table, which does not use them).
       head: [] int32, the slot the next item goes to.
       size: [] int32, the items held.
     """
 
     items: types.Transition
     priorities: jax.Array
+    block_weights: jax.Array
     head: jax.Array
     size: jax.Array
+
+    @property
+    def capacity(self) -> int:
+        return jax.tree.leaves(self.items)[0].shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.priorities.shape[0] // self.block_weights.shape[0]
+
+
+def _block_size(capacity: int) -> int:
+    """The largest power of two at most sqrt(capacity)."""
+    return 1 << (math.isqrt(capacity).bit_length() - 1)
 
 
 def empty(example: types.Transition, capacity: int) -> Ring:
@@ -42,9 +66,33 @@ def empty(example: types.Transition, capacity: int) -> Ring:
     items = jax.tree.map(
         lambda x: jnp.zeros((capacity, *jnp.shape(x)), jnp.asarray(x).dtype), example
     )
+    block = _block_size(capacity)
+    blocks = -(-capacity // block)
     return Ring(
-        items, jnp.zeros(capacity, jnp.float32), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32)
+        items,
+        jnp.zeros(blocks * block, jnp.float32),
+        jnp.zeros(blocks, jnp.float32),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((), jnp.int32),
     )
+
+
+def _weights(ring: Ring, slots: jax.Array, exponent: float) -> jax.Array:
+    """priority ** exponent of `slots` (any shape), 0 where nothing is held."""
+    return jnp.where(slots < ring.size, ring.priorities[slots] ** exponent, 0.0)
+
+
+def _block_slots(ring: Ring, blocks: jax.Array) -> jax.Array:
+    """[..., block size] the slots of `blocks`."""
+    return blocks[..., None] * ring.block_size + jnp.arange(ring.block_size)
+
+
+def _with_block_weights(ring: Ring, blocks: jax.Array, exponent: float | None) -> Ring:
+    """`ring` with the weights of `blocks` summed again from its priorities."""
+    if exponent is None:
+        return ring
+    sums = _weights(ring, _block_slots(ring, blocks), exponent).sum(axis=-1)
+    return ring._replace(block_weights=ring.block_weights.at[blocks].set(sums))
 
 
 def n_step_transitions(
@@ -78,9 +126,16 @@ def n_step_transitions(
     return transitions, window.valid[:starts]
 
 
-def insert(ring: Ring, items: types.Transition, real: jax.Array, priority: float) -> Ring:
-    """`ring` with the real ones of `items` ([m] leaves) written after its newest, FIFO."""
-    capacity = ring.priorities.shape[0]
+def insert(
+    ring: Ring,
+    items: types.Transition,
+    real: jax.Array,
+    priority: float,
+    exponent: float | None,
+) -> Ring:
+    """`ring` with the real ones of `items` ([m] leaves) written after its newest, FIFO;
+    `exponent` is the table's priority exponent (None: a uniform table)."""
+    capacity = ring.capacity
     offsets = jnp.cumsum(real) - 1
     # Unreal rows go to an index past the end, which the scatter drops.
     slots = jnp.where(real, (ring.head + offsets) % capacity, capacity)
@@ -89,12 +144,15 @@ def insert(ring: Ring, items: types.Transition, real: jax.Array, priority: float
     )
     priorities = ring.priorities.at[slots].set(priority, mode="drop")
     added = real.sum().astype(jnp.int32)
-    return Ring(
+    ring = Ring(
         written,
         priorities,
+        ring.block_weights,
         (ring.head + added) % capacity,
         jnp.minimum(ring.size + added, capacity),
     )
+    # Once per rollout, every block: simpler than tracking which ones the inserts reached.
+    return _with_block_weights(ring, jnp.arange(ring.block_weights.shape[0]), exponent)
 
 
 def sample(
@@ -102,20 +160,40 @@ def sample(
 ) -> tuple[jax.Array, Any, jax.Array]:
     """(indices [rows], items, probabilities [rows]) of this device's share of a batch;
     call inside the pmapped loop (the probabilities count every device's draws)."""
-    capacity = ring.priorities.shape[0]
-    held = jnp.arange(capacity) < ring.size
     if exponent is None:
-        weights = held.astype(jnp.float32)
+        indices = jax.random.randint(key, (rows,), 0, jnp.maximum(ring.size, 1))
+        probability = jnp.full(rows, 1.0 / jnp.maximum(ring.size, 1).astype(jnp.float32))
     else:
-        weights = jnp.where(held, ring.priorities**exponent, 0.0)
-    probabilities = weights / jnp.maximum(weights.sum(), 1e-30)
-    indices = jax.random.choice(key, capacity, (rows,), p=probabilities)
+        block_key, slot_key = jax.random.split(key)
+        blocks = _draw(ring.block_weights, block_key, rows)
+        weights = _weights(ring, _block_slots(ring, blocks), exponent)  # [rows, block size]
+        slots = jax.vmap(_draw, in_axes=(0, 0, None))(
+            weights, jax.random.split(slot_key, rows), None
+        )
+        indices = blocks * ring.block_size + slots
+        total = jnp.maximum(ring.block_weights.sum(), 1e-30)
+        probability = jnp.take_along_axis(weights, slots[:, None], axis=1)[:, 0] / total
     items = jax.tree.map(lambda leaf: leaf[indices], ring.items)
-    return indices, items, probabilities[indices] / parallel.step_device_count()
+    return indices, items, probability / parallel.step_device_count()
 
 
-def set_priorities(ring: Ring, indices: jax.Array, priorities: jax.Array) -> Ring:
+def _draw(weights: jax.Array, key: jax.Array, rows: int | None) -> jax.Array:
+    """Indices into `weights` ([n]), drawn in proportion to them: [rows], or [] for None.
+    A zero weight is never drawn while any is positive."""
+    cumulative = jnp.cumsum(weights)
+    total = cumulative[-1]
+    shape = () if rows is None else (rows,)
+    # Below the total even where rounding lifts uniform * total onto it.
+    target = jnp.minimum(jax.random.uniform(key, shape) * total, jnp.nextafter(total, 0.0))
+    index = jnp.searchsorted(cumulative, target, side="right")
+    return jnp.minimum(index, weights.shape[0] - 1).astype(jnp.int32)
+
+
+def set_priorities(
+    ring: Ring, indices: jax.Array, priorities: jax.Array, exponent: float | None
+) -> Ring:
     """`ring` with new priorities for the sampled `indices`; NaN ones (a skipped update)
     keep the old."""
     new = jnp.where(jnp.isnan(priorities), ring.priorities[indices], priorities)
-    return ring._replace(priorities=ring.priorities.at[indices].set(new.astype(jnp.float32)))
+    ring = ring._replace(priorities=ring.priorities.at[indices].set(new.astype(jnp.float32)))
+    return _with_block_weights(ring, indices // ring.block_size, exponent)

@@ -250,8 +250,9 @@ def off_policy(
         )
         items, real = jax.vmap(device_replay.n_step_transitions, in_axes=(0, None))(window, nstep)
         flat = lambda x: x.reshape((-1, *x.shape[2:]))  # noqa: E731  [envs, T] -> [envs * T]
+        exponent = table.priority_exponent
         ring = device_replay.insert(
-            kept.ring, jax.tree.map(flat, items), flat(real), nstep.initial_priority
+            kept.ring, jax.tree.map(flat, items), flat(real), nstep.initial_priority, exponent
         )
         size = parallel.psum(ring.size)
         filled = size >= table.rate_limit.min_size
@@ -261,13 +262,11 @@ def off_policy(
         def one(carry):
             state, guard, ring, key = carry
             key, sample_key = jax.random.split(key)
-            indices, data, probabilities = device_replay.sample(
-                ring, sample_key, rows, table.priority_exponent
-            )
+            indices, data, probabilities = device_replay.sample(ring, sample_key, rows, exponent)
             batch = builder_lib.SampledBatch(data, probabilities, jnp.full(rows, size))
             state, guard, info, _ = update(state, guard, batch)
             if info.priorities is not None:
-                ring = device_replay.set_priorities(ring, indices, info.priorities)
+                ring = device_replay.set_priorities(ring, indices, info.priorities, exponent)
             return (state, guard, ring, key), info.metrics
 
         def skipped(carry):

@@ -105,19 +105,47 @@ def _sample(ring, rows, exponent):
 
 
 def test_only_real_items_go_in_and_the_oldest_leave_first():
-    ring = device_replay.insert(_ring(), _items([1, 2, 3]), jnp.array([True, False, True]), 1.0)
+    ring = device_replay.insert(
+        _ring(), _items([1, 2, 3]), jnp.array([True, False, True]), 1.0, None
+    )
     assert int(ring.size) == 2 and list(np.asarray(ring.items.reward[:2])) == [1, 3]
-    ring = device_replay.insert(ring, _items([4, 5, 6]), jnp.ones(3, bool), 1.0)
+    ring = device_replay.insert(ring, _items([4, 5, 6]), jnp.ones(3, bool), 1.0, None)
     # Capacity 4: the oldest (1) was overwritten by the newest (6).
     assert int(ring.size) == 4 and sorted(np.asarray(ring.items.reward)) == [3, 4, 5, 6]
 
 
 def test_priorities_decide_sampling_and_a_nan_keeps_the_old_one():
-    ring = device_replay.insert(_ring(), _items([1, 2, 3, 4]), jnp.ones(4, bool), 1.0)
-    ring = device_replay.set_priorities(ring, jnp.array([0, 1, 2]), jnp.array([0.0, 0.0, jnp.nan]))
+    ring = device_replay.insert(_ring(), _items([1, 2, 3, 4]), jnp.ones(4, bool), 1.0, 1.0)
+    ring = device_replay.set_priorities(
+        ring, jnp.array([0, 1, 2]), jnp.array([0.0, 0.0, jnp.nan]), 1.0
+    )
     assert list(np.asarray(ring.priorities)) == [0.0, 0.0, 1.0, 1.0]
     indices, _, probabilities = _sample(ring, 256, exponent=1.0)
     assert set(indices) == {2, 3} and np.allclose(probabilities, 0.5)
     # Uniform tables ignore priorities: every held item alike.
     indices, _, probabilities = _sample(ring, 256, exponent=None)
     assert set(indices) == {0, 1, 2, 3} and np.allclose(probabilities, 0.25)
+
+
+def test_prioritized_draws_follow_priority_to_the_exponent_across_blocks():
+    # 70 slots: blocks of 8 and a padded last one; 61 held, one item drawn twice in the
+    # update (a batch samples with replacement), priorities spread over 3 orders.
+    exponent, capacity, rows = 0.6, 70, 20_000
+    ring = device_replay.insert(
+        _ring(capacity), _items(np.arange(61)), jnp.ones(61, bool), 1.0, exponent
+    )
+    updated = jnp.array([0, 5, 5, 17, 40, 60])
+    ring = device_replay.set_priorities(
+        ring, updated, jnp.array([100.0, 0.0, 0.0, 0.01, 30.0, 2.0]), exponent
+    )
+    priorities = np.ones(61)
+    priorities[[0, 5, 17, 40, 60]] = [100.0, 0.0, 0.01, 30.0, 2.0]
+    expected = priorities**exponent / (priorities**exponent).sum()
+    indices, items, probabilities = _sample(ring, rows, exponent)
+    assert indices.max() < 61 and 5 not in indices  # nothing empty, nothing of weight 0
+    assert np.array_equal(np.asarray(items.reward[0]), indices.astype(np.float32))
+    np.testing.assert_allclose(probabilities, expected[indices], rtol=1e-5)
+    frequencies = np.bincount(indices, minlength=61) / rows
+    # Within 5 standard errors of each slot's probability.
+    tolerance = 5 * np.sqrt(expected * (1 - expected) / rows) + 1e-9
+    assert np.all(np.abs(frequencies - expected) <= tolerance)
