@@ -7,7 +7,7 @@ which it has: the choice is made once, in `task_of`.
 
 import dataclasses
 import functools
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import envs, types
@@ -99,7 +99,11 @@ class OneTask:
         """Control file, elastic policy, data balance."""
         builder, cfg = self._builder, self._cfg
         if learning_modes.of(cfg).acts_itself:
-            return fixed_actors(running, cfg, "an Anakin run has no actor nodes to add or remove")
+            # Its actors live in its compiled loop (each with its envs and policy), not as nodes.
+            in_loop = [f"actor/{index}" for index in range(cfg.num_actors)]
+            return fixed_actors(
+                running, cfg, "an Anakin run has no actor nodes to add or remove", lambda: in_loop
+            )
         tracker = None
         if cfg.balance_interval_s:
             tracker = balance.BalanceTracker(cfg.balance_factor, cfg.balance_interval_s)
@@ -196,9 +200,15 @@ class RoleGroups:
         }
 
 
-def fixed_actors(running: Any, cfg: ExperimentConfig, why: str) -> elastic.ActorScaler:
+def fixed_actors(
+    running: Any,
+    cfg: ExperimentConfig,
+    why: str,
+    actors: Callable[[], list[str]] | None = None,
+) -> elastic.ActorScaler:
     """The scaler of a run whose actor count cannot change: a control file asking for
-    another count is answered `why`."""
+    another count is answered `why`. `actors` names the acting actors (default: the
+    program's actor nodes)."""
 
     def cannot(*_: Any) -> None:
         raise ValueError(why)
@@ -207,7 +217,7 @@ def fixed_actors(running: Any, cfg: ExperimentConfig, why: str) -> elastic.Actor
         cfg.logdir,
         cannot,
         cannot,
-        lambda: [node.name for node in running.active_nodes("actor")],
+        actors or (lambda: [node.name for node in running.active_nodes("actor")]),
         cfg.actor_count_floor,
         cfg.max_actors,
         cfg.elastic_policy,

@@ -45,6 +45,8 @@ def test_ppo_solves_gymnax_cartpole_in_one_compiled_loop(tmp_path):
     assert summary["final_eval_episodes"] == 20
     assert summary["episodes"] > 0 and math.isfinite(summary["mean_train_return"])
     rows = list(csv.DictReader(open(tmp_path / "metrics.csv")))
+    # Its actors act inside the loop, and the metrics count them as acting.
+    assert {float(row["num_actors"]) for row in rows} == {cfg.num_actors}
     # Each actor's envs act with that actor's policy and carry its index into the batch.
     for index in range(cfg.num_actors):
         kls = [float(row[f"kl/actor_{index}"]) for row in rows if row.get(f"kl/actor_{index}")]
