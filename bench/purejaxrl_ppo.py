@@ -88,7 +88,8 @@ def peer_side(seed: int) -> dict:
         def step(carry, _):
             obs, state, key, returns, running = carry
             key, step_key = jax.random.split(key)
-            pi, _ = network.apply(params, obs)
+            # Its training flattens observations (FlattenObservationWrapper): MinAtar's grids.
+            pi, _ = network.apply(params, obs.reshape(EVAL_EPISODES, -1))
             obs, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
                 jax.random.split(step_key, EVAL_EPISODES), state, pi.mode(), env_params
             )
