@@ -52,11 +52,12 @@ class EnvSpec(NamedTuple):
 
     @property
     def grid(self) -> bool:
-        """[H, W, C] grids of numbers, fewer channels than rows or columns (MinAtar's 0/1
-        channels in gymnax), what the MinAtar torso takes. A channel-first float grid
-        (highway's Racetrack occupancy, [2, 12, 12]) is not one: it is flattened."""
+        """[H, W, C] grids of numbers, no more channels than rows or columns (MinAtar's 0/1
+        channels in gymnax: 4 to 10 on 10x10, Seaquest's 10), what the MinAtar torso
+        takes. A channel-first float grid (highway's Racetrack occupancy, [2, 12, 12]) is
+        not one: it is flattened."""
         shape = self.observation_shape
-        return len(shape) == 3 and not self.image_stack and shape[2] < min(shape[:2])
+        return len(shape) == 3 and not self.image_stack and shape[2] <= min(shape[:2])
 
     def zeros_observation(self, batch: int) -> np.ndarray:
         return np.zeros((batch, *self.observation_shape), self.observation_dtype)
