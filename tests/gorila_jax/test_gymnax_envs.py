@@ -95,7 +95,6 @@ def test_minatar_grids_are_their_own_family_with_a_small_conv_torso():
     assert network.apply(params, np.ones((2, 10, 10, 6), np.float32)).shape == (2, 4)
 
 
-
 @pytest.mark.parametrize("game", ["Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"])
 def test_every_minatar_game_gets_the_minatar_presets(game):
     # Seaquest has as many channels as rows (10): a grid still, not a flat vector.
