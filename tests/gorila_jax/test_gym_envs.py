@@ -16,7 +16,7 @@ from agents import dqn
 from gorila_jax import env_api, envs
 from gorila_jax.run import experiment
 from agents.dqn import presets as dqn_presets
-from launch import families, presets
+from launch import families, presets, schedules
 from tests.test_end_to_end import _assert_solved_at_the_end, _cartpole
 
 CORRIDOR_LENGTH = 6
@@ -103,8 +103,17 @@ def test_an_env_without_a_time_limit_is_refused():
 
 @pytest.mark.slow
 def test_dqn_learns_an_environment_registered_by_the_user(tmp_path):
-    config, settings = dqn_presets.dqn_preset("cartpole")
-    config = dataclasses.replace(config, min_replay_size=200, epsilon_decay_steps=1_000)
+    preset, settings = dqn_presets.dqn_preset("cartpole")
+    config = dataclasses.replace(preset, min_replay_size=200, epsilon_decay_steps=1_000)
+    # Its schedules fitted to this budget as launch.train fits them (the learning rate
+    # decays over these 6,000 env steps, not the preset's 120k).
+    config = schedules.fit(
+        config,
+        preset,
+        schedules.preset_budget(settings),
+        schedules.Budget(6_000, 1),
+        kept=("epsilon_decay_steps",),
+    )
     cfg = experiment.ExperimentConfig(
         **{**settings, "total_env_steps": 6_000},
         env_id=CORRIDOR,
