@@ -39,7 +39,7 @@ reported. Remedies (`REMEDIES`, `balance_remedy`):
 import math
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -141,25 +141,19 @@ def validate(factor: float, interval_s: float, remedy: str = "report", weight: f
         raise ValueError(f"balance_weight must be in (0, 1), got {weight}")
 
 
-def check_remedy(remedy: str, tables: Sequence[Any], sample_table: str) -> None:
+def check_remedy(remedy: str, sampled: Any) -> None:
     """Raises ValueError if `remedy` cannot act on the agent's sampled table.
 
     Args:
       remedy: one of REMEDIES.
-      tables: the agent's `replay.TableSpec`s (`ReplayLayout.tables`).
-      sample_table: the name of the table the learners sample.
+      sampled: the `replay.TableSpec` the learners sample (`ReplayLayout.sampled`).
     """
-    if remedy != "downweight":
-        return
-    for table in tables:
-        if table.name != sample_table:
-            continue
-        if not table.prioritized:
-            raise ValueError(
-                "balance_remedy='downweight' lowers the priorities of a dominant actor's "
-                f"items, but this agent's table {sample_table!r} samples by {table.kind!r}, "
-                "without priorities; use balance_remedy='report' or 'replace'"
-            )
+    if remedy == "downweight" and not sampled.prioritized:
+        raise ValueError(
+            "balance_remedy='downweight' lowers the priorities of a dominant actor's "
+            f"items, but this agent's table {sampled.name!r} samples by {sampled.kind!r}, "
+            "without priorities; use balance_remedy='report' or 'replace'"
+        )
 
 
 def _sampled_rows(counters: dict[str, dict[str, float]], key: str | None) -> float:

@@ -35,8 +35,7 @@ def check_program(
     cfg.check_budget(builder)
     if cfg.balance_interval_s:
         # "downweight" needs priorities in the sampled table.
-        layout = builder.replay_layout(spec)
-        balance.check_remedy(cfg.balance_remedy, layout.tables, layout.sample_table)
+        balance.check_remedy(cfg.balance_remedy, builder.replay_layout(spec).sampled)
     demonstrations.check_run(cfg.demos, builder, spec, agents_taking_demos)
     learning_modes.of(cfg).check_agent(builder, spec, cfg)
     combinations.check_agents(cfg, [builder])

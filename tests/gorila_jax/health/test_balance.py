@@ -286,11 +286,11 @@ def test_downweighting_needs_a_prioritized_table(tmp_path):
     ):
         layout = builder.replay_layout(spec)
         with pytest.raises(ValueError, match=f"samples by '{sampler}', without priorities"):
-            balance.check_remedy("downweight", layout.tables, layout.sample_table)
+            balance.check_remedy("downweight", layout.sampled)
         # The others work anywhere.
-        balance.check_remedy("replace", layout.tables, layout.sample_table)
+        balance.check_remedy("replace", layout.sampled)
     layout = dqn.DQNBuilder(CONFIG).replay_layout(cartpole)
-    balance.check_remedy("downweight", layout.tables, layout.sample_table)
+    balance.check_remedy("downweight", layout.sampled)
     # The run refuses before anything starts or changes in its logdir.
     cfg = _experiment(tmp_path / "run", balance_remedy="downweight")
     with pytest.raises(ValueError, match="balance_remedy='downweight'"):
