@@ -73,12 +73,10 @@ def check_run(
             f"num_actors={settings.num_actors} must be a multiple of it "
             "(or set --num_learner_devices)"
         )
-    layout = builder.replay_layout(spec)
-    table = layout.sampled
-    envs = settings.num_actors * settings.num_envs_per_actor
+    table = builder.replay_layout(spec).sampled
     plan = builder.batch_plan
-    per_device = settings.num_actors // devices
     if table.kind == replay.QUEUE:
+        envs = settings.num_actors * settings.num_envs_per_actor
         if envs != plan.batch_size:
             fix = (
                 f"set --num_envs_per_actor={plan.batch_size // settings.num_actors}"
@@ -91,10 +89,9 @@ def check_run(
                 f"num_envs_per_actor = {plan.batch_size} envs, got {settings.num_actors} x "
                 f"{settings.num_envs_per_actor}; {fix}"
             )
-        return loop.Layout(devices, per_device, settings.num_envs_per_actor, _chunk_length(layout))
-    nstep = builder_lib.n_step(builder)
+        return layout_of(builder, spec, settings, devices)
     refusal = None
-    if nstep is None:
+    if builder_lib.n_step(builder) is None:
         refusal = "this agent's replay items are not n-step transitions"
     elif len(plan.schedule) > 1:
         refusal = (
@@ -107,9 +104,21 @@ def check_run(
         refusal = "duplicate-aware priorities count several actors' copies of one transition"
     if refusal:
         raise ValueError(f"--launcher=anakin cannot run this agent: {refusal}")
+    return layout_of(builder, spec, settings, devices)
+
+
+def layout_of(
+    builder: builder_lib.AgentBuilder, spec: types.EnvSpec, settings: AnakinSettings, devices: int
+) -> loop.Layout:
+    """The layout of a run `check_run` accepted (the node's, which the mode checked)."""
+    layout = builder.replay_layout(spec)
+    per_device = settings.num_actors // devices
+    if layout.sampled.kind == replay.QUEUE:
+        return loop.Layout(devices, per_device, settings.num_envs_per_actor, _chunk_length(layout))
+    envs = settings.num_actors * settings.num_envs_per_actor
     # Long enough that an iteration's inserts owe at least one update.
-    updates_per_item = table.rate_limit.samples_per_insert / plan.batch_size
-    length = max(nstep.n, math.ceil(1 / (updates_per_item * envs)))
+    updates_per_item = layout.sampled.rate_limit.samples_per_insert / builder.batch_plan.batch_size
+    length = max(builder_lib.n_step(builder).n, math.ceil(1 / (updates_per_item * envs)))
     return loop.Layout(devices, per_device, settings.num_envs_per_actor, length)
 
 
@@ -177,7 +186,7 @@ class AnakinNode(sync_learner.SyncLearnerNode):
             name,
         )
         self._anakin = anakin
-        layout = check_run(builder, spec, anakin, len(self._devices))
+        layout = layout_of(builder, spec, anakin, len(self._devices))
         self._env_steps_per_iteration = layout.env_steps_per_iteration
         counters = restored_counters or {}
         self._env_steps = int(counters.get("env_steps", 0))
