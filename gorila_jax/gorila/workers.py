@@ -1,5 +1,6 @@
 """Gorila gradient workers: replay -> gradients on local parameters -> slices to the shards."""
 
+import dataclasses
 import math
 from typing import Any
 
@@ -57,6 +58,31 @@ _COUNTERS = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """How a Gorila gradient worker pulls parameters and filters and sends its gradients,
+    as one settings object (`ExperimentConfig.worker_settings()`; its fields take their
+    defaults from `DEFAULTS`).
+
+    Attributes:
+      worker: how it pulls parameters and filters and sends gradients (`WorkerSettings`).
+
+    Raises:
+      ValueError: an async_update below 1.
+    """
+
+    async_update: int = 1
+    compression_scheme: str = "none"
+    outlier_stds: float = 4.0
+
+    def __post_init__(self):
+        if self.async_update < 1:
+            raise ValueError(f"async_update must be positive, got {self.async_update}")
+
+
+DEFAULTS = WorkerSettings()
+
+
 class GradientWorkerNode(replay_learner.ReplayLearnerNode):
     """A Gorila learner: replay -> gradients on local parameters -> slices to the shards.
 
@@ -77,9 +103,7 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         checkpoints. Its rollback settings do not apply: a worker never applies a
         non-finite gradient, so there is nothing to roll back (a Gorila run refuses
         them: run/combinations.py).
-      async_update: pull fresh parameters every this many pushed gradients.
-      compression_scheme: one of compression.GRADIENT_SCHEMES.
-      outlier_stds: drop gradients whose loss exceeds mean + this many stds; 0 disables.
+      worker: how it pulls parameters and filters and sends gradients (`WorkerSettings`).
       checkpoint_dir: given to one worker (index 0), which then checkpoints
         the shards and the replay every `settings.checkpoint_interval_steps` global
         updates and when it stops (`save_checkpoint`).
@@ -97,16 +121,12 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
         seed: int,
         worker_index: int,
         settings: learner_settings.LearnerSettings = learner_settings.DEFAULTS,
-        async_update: int = 1,
-        compression_scheme: str = "none",
-        outlier_stds: float = 0.0,
+        worker: WorkerSettings = DEFAULTS,
         checkpoint_dir: str | None = None,
         restored_counters: dict[str, float] | None = None,
         group: str = "gradient_worker",
     ):
         precision.use_tf32(settings.tf32)
-        if async_update < 1:
-            raise ValueError(f"async_update must be positive, got {async_update}")
         devices = parallel.local_devices(settings.num_devices)
         builder.validate(len(devices))
         super().__init__(
@@ -120,13 +140,15 @@ class GradientWorkerNode(replay_learner.ReplayLearnerNode):
             checkpoint_dir,
             restored_counters,
         )
-        self._index, self._async_update = worker_index, async_update
+        self._index, self._async_update = worker_index, worker.async_update
         key = jax.random.fold_in(jax.random.PRNGKey(seed), 1 + worker_index)
         self._layout, _ = parameter_server.initial_layout(builder, spec, seed, len(shards))
         self._shards = shards
         self._params = parameter_server.ShardedParameters(shards, self._layout)
-        self._compressors = [compression.GradientCompressor(compression_scheme) for _ in shards]
-        self._outliers = LossOutlierFilter(outlier_stds)
+        self._compressors = [
+            compression.GradientCompressor(worker.compression_scheme) for _ in shards
+        ]
+        self._outliers = LossOutlierFilter(worker.outlier_stds)
         self._state = builder.init_train_state(key, spec)
         self._replicated = parallel.replicate(self._state, self._devices)
         self._refresh()

@@ -19,6 +19,8 @@ from gorila_jax.federated import privacy
 from gorila_jax.gorila import compression
 from gorila_jax.gorila.shard_node import DEFAULTS as SHARD
 from gorila_jax.gorila.shard_node import ShardSettings
+from gorila_jax.gorila.workers import DEFAULTS as WORKER
+from gorila_jax.gorila.workers import WorkerSettings
 from gorila_jax.learning.settings import DEFAULTS as LEARNER
 from gorila_jax.learning.settings import LearnerSettings
 from gorila_jax.run import elastic, learning_modes, setting_groups, settings_checks
@@ -235,17 +237,20 @@ class ExperimentConfig(
         SHARD.staleness_scaling, "gorila", "Shards scale each update by 1 / (1 + its staleness)."
     )
     async_update: int = setting(
-        1, "gorila", "Workers pull parameters every this many gradients.", check=POSITIVE
+        WORKER.async_update,
+        "gorila",
+        "Workers pull parameters every this many gradients.",
+        check=POSITIVE,
     )
     compression: str = setting(
-        "none",
+        WORKER.compression_scheme,
         "gorila",
         "Gradients on the wire to the shards: onebit keeps the error it drops for the next "
         "gradient (error feedback), sparse drops |g| < 1e-4.",
         choices=compression.GRADIENT_SCHEMES,
     )
     outlier_stds: float = setting(
-        4.0,
+        WORKER.outlier_stds,
         "gorila",
         "Drop gradients with loss > mean + this many stds; 0: off.",
         check=NON_NEGATIVE,
@@ -311,6 +316,14 @@ class ExperimentConfig(
             max_staleness=self.max_staleness,
             staleness_scaling=self.staleness_lr_scaling,
             heartbeat_interval_s=self.heartbeat_interval_s,
+        )
+
+    def worker_settings(self) -> WorkerSettings:
+        """What every Gorila gradient worker of the run takes (`gorila/workers.py`)."""
+        return WorkerSettings(
+            async_update=self.async_update,
+            compression_scheme=self.compression,
+            outlier_stds=self.outlier_stds,
         )
 
     def learner_settings(self) -> LearnerSettings:
