@@ -9,7 +9,7 @@ SAC with SBX's defaults and RL Zoo's changes (rl-zoo3's hyperparams/sac.yml): fo
 `learning_starts=10000` (the default here); for Pendulum-v1 `learning_rate=1e-3` alone:
 
   /tmp/sbx-venv/bin/python bench/sbx_sac.py --env=Pendulum-v1 --steps=20000 \
-      --learning_starts=100 --learning_rate=1e-3 --eval_every=1000 --target=-157
+      --learning_starts=100 --learning_rate=1e-3 --eval_every=2000 --target=-157
 
 Every `--eval_every` env steps the deterministic policy
 plays `--eval_episodes` episodes in an env of its own; the wall time (evaluations

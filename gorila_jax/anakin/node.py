@@ -75,6 +75,7 @@ def check_run(
         )
     table = builder.replay_layout(spec).sampled
     plan = builder.batch_plan
+    refusal = None
     if table.kind == replay.QUEUE:
         envs = settings.num_actors * settings.num_envs_per_actor
         if envs != plan.batch_size:
@@ -89,9 +90,7 @@ def check_run(
                 f"num_envs_per_actor = {plan.batch_size} envs, got {settings.num_actors} x "
                 f"{settings.num_envs_per_actor}; {fix}"
             )
-        return layout_of(builder, spec, settings, devices)
-    refusal = None
-    if builder_lib.n_step(builder) is None:
+    elif builder_lib.n_step(builder) is None:
         refusal = "this agent's replay items are not n-step transitions"
     elif len(plan.schedule) > 1:
         refusal = (
@@ -104,6 +103,7 @@ def check_run(
         refusal = "duplicate-aware priorities count several actors' copies of one transition"
     if refusal:
         raise ValueError(f"--launcher=anakin cannot run this agent: {refusal}")
+    # Computing it refuses a queue whose items are not trajectory chunks.
     return layout_of(builder, spec, settings, devices)
 
 

@@ -65,7 +65,9 @@ class WorkerSettings:
     defaults from `DEFAULTS`).
 
     Attributes:
-      worker: how it pulls parameters and filters and sends gradients (`WorkerSettings`).
+      async_update: pull fresh parameters every this many pushed gradients.
+      compression_scheme: one of compression.GRADIENT_SCHEMES.
+      outlier_stds: drop gradients whose loss exceeds mean + this many stds; 0 disables.
 
     Raises:
       ValueError: an async_update below 1.
