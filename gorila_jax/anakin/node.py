@@ -151,11 +151,10 @@ class AnakinNode(sync_learner.SyncLearnerNode):
     """Acts in its own envs and learns from them, one compiled call at a time.
 
     Args:
-      builder, spec, monitor, seed, settings, checkpoint_dir, restore_step, name: as
-        `learner.LearnerNode`'s.
+      builder, spec, monitor, seed, settings, name: as `learner.LearnerNode`'s.
       anakin: its envs, iterations per call and budget (`AnakinSettings`).
-      restored_counters: the counters it reported last (a restart, or the checkpoint's
-        on a resume): learner steps, env steps and episodes go on from them, an off-policy
+      start: as `learner.LearnerNode`'s; learner steps, env steps and episodes go on from
+        its `restored_counters` (a restart, or the checkpoint's on a resume), an off-policy
         agent's device replay from the checkpoint it restores. Its envs start new episodes
         (an env's state is not checkpointed).
     """
@@ -168,27 +167,14 @@ class AnakinNode(sync_learner.SyncLearnerNode):
         seed: int,
         settings: learner_settings.LearnerSettings,
         anakin: AnakinSettings,
-        checkpoint_dir: str | None = None,
-        restore_step: int | None = None,
-        restored_counters: dict[str, float] | None = None,
+        start: sync_learner.LearnerStart = sync_learner.FRESH,
         name: str = "learner/0",
     ):
-        super().__init__(
-            builder,
-            spec,
-            None,
-            monitor,
-            seed,
-            settings,
-            checkpoint_dir,
-            restore_step,
-            restored_counters,
-            name,
-        )
+        super().__init__(builder, spec, None, monitor, seed, settings, start, name)
         self._anakin = anakin
         layout = layout_of(builder, spec, anakin, len(self._devices))
         self._env_steps_per_iteration = layout.env_steps_per_iteration
-        counters = restored_counters or {}
+        counters = start.restored_counters or {}
         self._env_steps = int(counters.get("env_steps", 0))
         self._episodes = int(counters.get("episodes", 0))
         self._returns: list[float] = []

@@ -25,14 +25,8 @@ class LearnerNode(sync_learner.SyncLearnerNode):
       seed: root seed; the learner's key is fold_in(seed key, 0).
       settings: devices, reports, checkpoint interval and retention, TF32, and the
         numeric guard's rollbacks (`settings.LearnerSettings`).
-      checkpoint_dir: the run's learner checkpoint directory (absolute); None
-        disables checkpoints.
-      restore_step: start from the checkpoint of this learner step;
-        `NEWEST` takes the newest one that loads (a fresh state if none does).
-      restored_counters: the counters this learner reported last (a restart
-        after a crash): learner steps, which are also the parameter version
-        actors compare against, go on from there instead of going back to
-        the checkpoint's; the updates in between are lost, not uncounted.
+      start: where it keeps checkpoints and what it starts from (`sync_learner.LearnerStart`;
+        the default: no checkpoints, a fresh state).
       name: the node's name (a federated run has a learner per client).
     """
 
@@ -44,23 +38,10 @@ class LearnerNode(sync_learner.SyncLearnerNode):
         monitor: program.Client | None,
         seed: int,
         settings: learner_settings.LearnerSettings = learner_settings.DEFAULTS,
-        checkpoint_dir: str | None = None,
-        restore_step: int | None = None,
-        restored_counters: dict[str, float] | None = None,
+        start: sync_learner.LearnerStart = sync_learner.FRESH,
         name: str = "learner/0",
     ):
-        super().__init__(
-            builder,
-            spec,
-            replay_client,
-            monitor,
-            seed,
-            settings,
-            checkpoint_dir,
-            restore_step,
-            restored_counters,
-            name,
-        )
+        super().__init__(builder, spec, replay_client, monitor, seed, settings, start, name)
         self._updates = builder.batch_plan.updates_per_dispatch
         self._step_fn = parallel.pmap_step(
             step_lib.make_step(builder, spec, updates=self._updates),

@@ -58,7 +58,7 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
     it sampled, and steps in lockstep with the others: a stop asked of any
     process stops all of them after the same update (stop votes). Only the
     chief publishes parameters (`get_params`), reports metrics and saves and
-    restores checkpoints (`checkpoint_dir` is ignored in the others): it reads
+    restores checkpoints (`start.checkpoint_dir` is ignored in the others): it reads
     a checkpoint alone and broadcasts it to the others. While it saves, the
     others wait in the next update's collectives. `num_devices` must be 0 or
     all of the host's devices. One process is never restarted alone (it
@@ -67,7 +67,7 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
     in every process after the same step, to the chief's newest checkpoint.
 
     Args:
-      builder ... restored_counters: as `learner.LearnerNode`'s.
+      builder ... start: as `learner.LearnerNode`'s.
       num_learner_hosts: learner processes (H) in the job, at least 2.
       learner_process_id: this process's index p, 0 .. H - 1.
       rendezvous: client of the `multihost.Rendezvous` node through which the
@@ -82,9 +82,7 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
         monitor: program.Client | None,
         seed: int,
         settings: learner_settings.LearnerSettings = learner_settings.DEFAULTS,
-        checkpoint_dir: str | None = None,
-        restore_step: int | None = None,
-        restored_counters: dict[str, float] | None = None,
+        start: sync_learner.LearnerStart = sync_learner.FRESH,
         num_learner_hosts: int = 2,
         learner_process_id: int = 0,
         rendezvous: program.Client | None = None,
@@ -104,9 +102,7 @@ class MultiHostLearnerNode(sync_learner.SyncLearnerNode):
             monitor,
             seed,
             settings,
-            checkpoint_dir,
-            restore_step,
-            restored_counters,
+            start,
             name=f"learner/{learner_process_id}",
             num_processes=num_learner_hosts,
             is_chief=group.is_chief,

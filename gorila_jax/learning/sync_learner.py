@@ -4,6 +4,7 @@
 is one of H processes stepping over every host's devices together.
 """
 
+import dataclasses
 import logging
 import threading
 import time
@@ -20,6 +21,38 @@ from gorila_jax.learning import replay_learner
 from gorila_jax.learning import step as step_lib
 
 NEWEST = -1  # restore_step: the newest checkpoint that loads
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerStart:
+    """Where a learner keeps its checkpoints and what it starts from.
+
+    Attributes:
+      checkpoint_dir: its checkpoint directory (absolute); None: no checkpoints.
+      restore_step: start from the checkpoint of this learner step; `NEWEST`: the newest
+        one that loads (a fresh state if none does); None: a fresh state.
+      restored_counters: the counters it reported last (a restart after a crash, or a
+        resume's checkpoint): learner steps, which are also the parameter version actors
+        compare against, go on from there instead of going back to the checkpoint's; the
+        updates in between are lost, not uncounted.
+    """
+
+    checkpoint_dir: str | None = None
+    restore_step: int | None = None
+    restored_counters: dict[str, float] | None = None
+
+    def restarted(self, counters: dict[str, float]) -> "LearnerStart":
+        """A replacement's start after a fault: its newest checkpoint (if it keeps any),
+        its counts going on from `counters`."""
+        restore = None if self.checkpoint_dir is None else NEWEST
+        return LearnerStart(self.checkpoint_dir, restore, counters)
+
+    def restart_kwargs(self, counters: dict[str, float]) -> dict[str, Any]:
+        """For `program.NodeSpec.restartable`: the replacement's `start`."""
+        return {"start": self.restarted(counters)}
+
+
+FRESH = LearnerStart()
 
 
 class NumericalFault(RuntimeError):
@@ -50,9 +83,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         monitor: program.Client | None,
         seed: int,
         settings: learner_settings.LearnerSettings,
-        checkpoint_dir: str | None,
-        restore_step: int | None,
-        restored_counters: dict[str, float] | None,
+        start: LearnerStart,
         name: str,
         num_processes: int = 1,
         is_chief: bool = True,
@@ -69,15 +100,17 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             name,
             devices,
             settings,
-            checkpoint_dir if is_chief else None,
-            restored_counters,
+            start.checkpoint_dir if is_chief else None,
+            start.restored_counters,
         )
         self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
         self._guard_meta: dict[str, float] = {}
         self.rollbacks = 0
         # Which checkpoint this incarnation started from (-1: none); in its heartbeats.
         self._started_from = -1
-        self._place_state(spec, seed, restore_step if is_chief else None, restored_counters)
+        self._place_state(
+            spec, seed, start.restore_step if is_chief else None, start.restored_counters
+        )
         # Held while the state is replaced or read for a checkpoint: a step
         # donates the old state's buffers, so a checkpoint must not read them then.
         self._state_lock = threading.Lock()

@@ -13,7 +13,6 @@ groups go through the mode's methods and never branch on its name.
 """
 
 import dataclasses
-import functools
 from typing import Any, Callable, NamedTuple
 
 from gorila_jax import builder as builder_lib
@@ -94,6 +93,7 @@ class SyncMode:
         """The learner group, joined by a rendezvous into one `jax.distributed` job when
         it has more than one process; actors and the evaluator read its chief."""
         group = program_lib.role_group("learner", where.role)
+        start = sync_learner.LearnerStart(where.checkpoint_dir, where.restore_step)
         per_process: list[dict[str, Any]] = [{"name": f"{group}/0"}]
         node_class: type = learner.LearnerNode
         if cfg.num_learner_hosts > 1:
@@ -113,15 +113,13 @@ class SyncMode:
                     where.monitor,
                     cfg.seed,
                     cfg.learner_settings(),
-                    checkpoint_dir=where.checkpoint_dir,
-                    restore_step=where.restore_step,
+                    start=start,
                     **kwargs,
                 )
                 for kwargs in per_process
             ]
-        restart = functools.partial(_restart_learner, where.checkpoint_dir is not None)
         for handle in handles:
-            program.node(handle.name).restartable(restart)
+            program.node(handle.name).restartable(start.restart_kwargs)
         if cfg.num_learner_hosts > 1:
             # One replaced process cannot rejoin the others' jax.distributed job: a
             # fault of any learner process replaces the rendezvous (so the new chief
@@ -233,6 +231,15 @@ class FederatedMode(SyncMode):
         privacy = cfg.privacy_settings()
         saving = where.checkpoint_dir is not None
         restore = None if where.restore_step is None else sync_learner.NEWEST
+        starts = [
+            sync_learner.LearnerStart(
+                checkpoint.learner_dir(checkpoint.client_logdir(cfg.logdir, client))
+                if saving
+                else None,
+                restore,
+            )
+            for client in range(cfg.num_clients)
+        ]
         with program.group("learner", program_lib.Resources(cfg.learner_cpus, cfg.learner_gpus)):
             clients = [
                 program.add_node(
@@ -244,22 +251,16 @@ class FederatedMode(SyncMode):
                     cfg.seed,
                     # A rollback would undo the round's global parameters with the rest.
                     dataclasses.replace(cfg.learner_settings(), max_nonfinite_steps=0),
-                    checkpoint_dir=(
-                        checkpoint.learner_dir(checkpoint.client_logdir(cfg.logdir, client))
-                        if saving
-                        else None
-                    ),
-                    restore_step=restore,
+                    start=start,
                     client_index=client,
                     local_updates=cfg.local_updates_per_round,
                     privacy=privacy,
                     secure=cfg.secure_aggregation,
                 )
-                for client in range(cfg.num_clients)
+                for client, start in enumerate(starts)
             ]
-        restart = functools.partial(_restart_learner, saving)
-        for handle in clients:
-            program.node(handle.name).restartable(restart)
+        for handle, start in zip(clients, starts):
+            program.node(handle.name).restartable(start.restart_kwargs)
         settings = federated_nodes.CoordinatorSettings(
             local_updates=cfg.local_updates_per_round,
             rounds=cfg.federated_rounds,
@@ -324,9 +325,9 @@ class AnakinMode(SyncMode):
                 cfg.seed,
                 cfg.learner_settings(),
                 anakin_settings(cfg),
-                checkpoint_dir=where.checkpoint_dir,
-                restore_step=where.restore_step,
-                restored_counters=where.restored_counters.get(name),
+                sync_learner.LearnerStart(
+                    where.checkpoint_dir, where.restore_step, where.restored_counters.get(name)
+                ),
             )
         # Not restartable: the program runs in one process, as under launcher=local.
         return ParamSources(handle, lambda index: handle)
@@ -357,11 +358,3 @@ def _restart_rendezvous(counters: dict[str, float]) -> dict[str, Any]:
     """A replacement rendezvous starts empty: the restarted chief publishes a new address."""
     del counters  # it sends no heartbeats
     return {}
-
-
-def _restart_learner(saving: bool, counters: dict[str, float]) -> dict[str, Any]:
-    """A replacement learner resumes from its newest checkpoint; its step count goes on."""
-    return {
-        "restore_step": sync_learner.NEWEST if saving else None,
-        "restored_counters": counters,
-    }

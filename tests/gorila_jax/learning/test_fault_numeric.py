@@ -204,7 +204,7 @@ def test_k_consecutive_nan_updates_roll_back_to_the_checkpoint_with_a_lower_rate
         None,
         0,
         LearnerSettings(num_devices=2, max_nonfinite_steps=3, rollback_lr_factor=0.5),
-        checkpoint_dir=str(tmp_path / "learner"),
+        sync_learner.LearnerStart(str(tmp_path / "learner")),
     )
     try:
         _fill(replay_node, builder, 300)  # below the rate limiter's insert cap

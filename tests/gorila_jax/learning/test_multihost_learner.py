@@ -86,10 +86,10 @@ def test_one_dead_learner_process_restarts_the_group_once_from_the_newest_checkp
     assert [name for name, _ in running.restarted] == list(GROUP)  # each once, in order
     assert "learner/0" in lines[0] and "died" in lines[0]  # the first faulty one is the reason
     kwargs = dict(running.restarted)
-    assert kwargs["learner/0"] == {
-        "restore_step": sync_learner.NEWEST,
-        "restored_counters": {"learner_steps": 120},  # the step count goes on from here
-    }
+    start = kwargs["learner/0"]["start"]
+    assert start.restore_step == sync_learner.NEWEST
+    assert start.restored_counters == {"learner_steps": 120}  # the step count goes on from here
+    assert start.checkpoint_dir == graph.node("learner/0").kwargs["start"].checkpoint_dir
     assert kwargs["learner_rendezvous/0"] == {}
     # max_restarts=1: the next fault of any member fails the run, replacing nobody.
     running.built.update(GROUP)
@@ -119,7 +119,7 @@ def test_a_group_restart_continues_from_the_counts_reported_before_the_kill(tmp_
     running.on_kill = final_report
     supervisor.check()
     assert running.killed == list(GROUP)
-    assert dict(running.restarted)["learner/0"]["restored_counters"] == {"learner_steps": 71}
+    assert dict(running.restarted)["learner/0"]["start"].restored_counters == {"learner_steps": 71}
 
 
 @pytest.mark.slow

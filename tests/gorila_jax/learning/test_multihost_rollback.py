@@ -23,7 +23,7 @@ import pytest
 from agents import dqn
 from gorila_jax import parallel
 from gorila_jax.distributed import multihost
-from gorila_jax.learning import multihost_learner
+from gorila_jax.learning import multihost_learner, sync_learner
 from gorila_jax.learning.settings import LearnerSettings
 from tests.gorila_jax.distributed.test_multihost import NUM_PROCESSES, run_processes
 from tests.gorila_jax.learning.test_fault_numeric import CONFIG, _fill, _NanBatches
@@ -76,7 +76,7 @@ def _child_main(argv: list[str]) -> None:
         None,
         seed=0,
         settings=LearnerSettings(max_nonfinite_steps=MAX_NONFINITE_STEPS, rollback_lr_factor=0.5),
-        checkpoint_dir=os.path.join(args.dir, "learner"),
+        start=sync_learner.LearnerStart(os.path.join(args.dir, "learner")),
         num_learner_hosts=NUM_PROCESSES,
         learner_process_id=args.process_id,
         rendezvous=_FileRendezvous(os.path.join(args.dir, "coordinator")),

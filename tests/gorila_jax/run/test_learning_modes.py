@@ -36,7 +36,7 @@ def test_federated_clients_learn_from_their_own_replay_and_their_actors_feed_it(
         # Each client's learner and replay checkpoint in the client's own directory.
         client_dir = os.path.join(str(tmp_path), "clients", str(client), "checkpoints")
         learner_kwargs = program.node(f"learner/{client}").kwargs
-        assert learner_kwargs["checkpoint_dir"] == os.path.join(client_dir, "learner")
+        assert learner_kwargs["start"].checkpoint_dir == os.path.join(client_dir, "learner")
         assert program.node(f"replay/{client}").kwargs["checkpoint_dir"] == os.path.join(
             client_dir, "replay"
         )
