@@ -38,6 +38,7 @@ SETTING_FEATURES: dict[str, Callable[[Any], bool]] = {
         or cfg.replay_cold_compression != "none"
     ),
     "launcher=launchpad": lambda cfg: cfg.launcher == "launchpad",
+    "launcher=local": lambda cfg: cfg.launcher == "local",
     "num_learner_devices above 1 with launcher=local": lambda cfg: (
         cfg.launcher == "local" and cfg.num_learner_devices > 1
     ),
@@ -62,8 +63,8 @@ class RunKind:
       name: as the docs' table names it.
       applies: whether the settings make a run of this kind.
       refuses: feature names (of SETTING_FEATURES or AGENT_FEATURES).
-      refusal: the message; `{asked}` is filled with the features asked for, and
-        `{env_id}` and `{roles}` with the env's.
+      refusal: the message; `{asked}` is filled with the features asked for, `{roles}`
+        with the env's roles, and a setting's name (`{env_id}`) with its value.
       why: the docs' reason.
     """
 
@@ -75,6 +76,15 @@ class RunKind:
 
 
 KINDS = (
+    RunKind(
+        "num_learner_hosts > 1",
+        lambda cfg: cfg.num_learner_hosts > 1,
+        ("launcher=local", "launcher=launchpad", "learner_mode=gorila", "demos"),
+        "num_learner_hosts={num_learner_hosts} is one sync learner of a process per host, "
+        "which launcher=ray places; it does not take {asked}",
+        "one sync learner of a process per host (a `jax.distributed` job), placed by Ray; "
+        "it samples no demonstrations",
+    ),
     RunKind(
         "learner_mode=gorila",
         lambda cfg: cfg.learner_mode == "gorila",
@@ -99,6 +109,8 @@ KINDS = (
             "num_learner_hosts > 1",
             "param_cache_per_host",
             "elastic_interval_s",
+            # The DeepMind set, Launchpad's, has no dp-accounting.
+            "launcher=launchpad",
             # Adding and removing actors wires them as a single-learner run's.
             "balance_remedy=replace",
             "demos",
@@ -168,9 +180,7 @@ KINDS = (
 def _refuse(kind: RunKind, cfg: Any, asked: list[str]) -> None:
     if asked:
         roles = ", ".join(sorted(multiagent.roles_of(cfg.env_id) or ()))
-        raise ValueError(
-            kind.refusal.format(asked=", ".join(asked), env_id=cfg.env_id, roles=roles)
-        )
+        raise ValueError(kind.refusal.format(**vars(cfg), asked=", ".join(asked), roles=roles))
 
 
 def check_settings(cfg: Any) -> None:

@@ -59,22 +59,8 @@ def _check_tracking(cfg: Any) -> None:
 
 
 def _check_hosts(cfg: Any) -> None:
-    """Learner hosts and per-host parameter caches: the settings they need together."""
-    if cfg.num_learner_hosts > 1 and cfg.launcher != "ray":
-        raise ValueError(
-            f"num_learner_hosts={cfg.num_learner_hosts} needs launcher=ray (a process per "
-            f"learner host), got launcher={cfg.launcher!r}"
-        )
-    if cfg.num_learner_hosts > 1 and cfg.demos:
-        raise ValueError(
-            f"num_learner_hosts={cfg.num_learner_hosts}: the multi-host learner samples "
-            "no demonstrations; --demos needs one learner host"
-        )
-    if cfg.num_learner_hosts > 1 and cfg.learner_mode != "sync":
-        raise ValueError(
-            f"num_learner_hosts={cfg.num_learner_hosts} needs learner_mode=sync, "
-            f"got learner_mode={cfg.learner_mode!r}"
-        )
+    """Per-host parameter caches: the settings they need together (what learner hosts
+    combine with is in run/combinations.py)."""
     if cfg.param_cache_per_host and cfg.actors_per_host <= 0:
         raise ValueError(
             "param_cache_per_host needs actors_per_host (actors on each host, one cache "
@@ -132,11 +118,6 @@ def _check_federated(cfg: Any) -> None:
         if cfg.dp_clip_norm or cfg.dp_target_epsilon is not None:
             raise ValueError("dp_clip_norm and dp_target_epsilon need learner_mode=federated")
         return
-    if cfg.launcher == "launchpad":
-        raise ValueError(
-            "learner_mode=federated runs under launcher=local or ray (the DeepMind set "
-            "has no dp-accounting)"
-        )
     if cfg.num_clients < 2:
         raise ValueError(f"a federated run needs num_clients >= 2, got {cfg.num_clients}")
     if cfg.num_actors < cfg.num_clients:

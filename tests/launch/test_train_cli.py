@@ -50,7 +50,10 @@ BAD_INPUTS = [
     (["--config.discount=1.5"], "config.discount must lie in [0, 1]"),
     (["stray_argument"], "unexpected arguments"),
     (["--preset=nosuch"], "unknown preset 'nosuch'"),
-    (["--num_learner_hosts=2", "--launcher=local"], "num_learner_hosts=2 needs launcher=ray"),
+    (
+        ["--num_learner_hosts=2", "--launcher=local"],
+        "which launcher=ray places; it does not take launcher=local",
+    ),
     (["--agent=ppo", "--learner_mode=gorila"], "learner_mode=gorila needs an agent"),
     (["--agent=sac"], "SAC cannot act in CartPole-v1"),  # the agent's action space
     (["--env=Pendulum-v1"], "DQN takes discrete actions; agents that can: ppo, sac"),
@@ -150,7 +153,7 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         ({"preset": "/tmp/gorila-no-such-preset.yaml"}, "does not exist"),
         (
             {"num_learner_hosts": 2, "launcher": "ray", "learner_mode": "gorila"},
-            "num_learner_hosts=2 needs learner_mode=sync",
+            "num_learner_hosts=2 is one sync learner .* does not take learner_mode=gorila",
         ),
         (
             {"agent": "sac", "env": "Pendulum-v1", "learner_mode": "gorila"},
@@ -170,7 +173,7 @@ def _check(agent="dqn", env="CartPole-v1", preset="auto", config=None, **setting
         ),
         (
             {"learner_mode": "federated", "launcher": "launchpad"},
-            "learner_mode=federated runs under launcher=local or ray",
+            "learner_mode=federated does not support launcher=launchpad yet",
         ),
         ({"dp_clip_norm": 1.0}, "need learner_mode=federated"),
         (

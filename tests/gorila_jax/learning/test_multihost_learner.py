@@ -35,10 +35,13 @@ DEVICES_PER_PROCESS = 2
 
 
 def test_multi_host_settings_are_refused_by_name_where_they_cannot_work(tmp_path):
-    with pytest.raises(ValueError, match="num_learner_hosts=2 needs launcher=ray"):
+    placed_by_ray = "num_learner_hosts=2 is one sync learner .* launcher=ray places"
+    with pytest.raises(ValueError, match=f"{placed_by_ray}; it does not take launcher=local$"):
         _experiment(tmp_path, num_learner_hosts=2, launcher="local").validate()
-    with pytest.raises(ValueError, match="num_learner_hosts=2 needs learner_mode=sync"):
+    with pytest.raises(ValueError, match=f"{placed_by_ray}; it does not take learner_mode=gorila$"):
         _experiment(tmp_path, num_learner_hosts=2, launcher="ray", learner_mode="gorila").validate()
+    with pytest.raises(ValueError, match="it does not take demos$"):
+        _experiment(tmp_path, num_learner_hosts=2, launcher="ray", demos=str(tmp_path)).validate()
     with pytest.raises(ValueError, match="num_learner_hosts must be positive"):
         _experiment(tmp_path, num_learner_hosts=0).validate()
     # With checkpoints: the chief saves them alone (no orbax sync across the job).

@@ -20,6 +20,7 @@ ASKING = {
     "stop_at_eval_return": dict(stop_at_eval_return=10.0),
     "learner_mode=federated": dict(learner_mode="federated"),
     "launcher=launchpad": dict(launcher="launchpad"),
+    "launcher=local": dict(launcher="local"),
     "num_learner_devices above 1 with launcher=local": dict(
         launcher="local", num_learner_devices=2
     ),
@@ -32,6 +33,7 @@ ASKING = {
 }
 # Settings that make each kind of run.
 KIND_OF = {
+    "num_learner_hosts > 1": dict(num_learner_hosts=2),
     "learner_mode=gorila": dict(learner_mode="gorila"),
     "launcher=launchpad": dict(launcher="launchpad"),
     "learner_mode=federated": dict(learner_mode="federated"),
@@ -59,8 +61,8 @@ def test_each_kind_refuses_each_setting_it_cannot_have_naming_it(kind):
         with pytest.raises(ValueError, match=f"{feature}") as caught:
             combinations.check_settings(cfg)
         assert str(caught.value) == kind.refusal.format(
+            **vars(cfg),
             asked=feature,
-            env_id=cfg.env_id,
             roles="adversary, agent" if "roles" in kind.refusal else "",
         )
 
