@@ -92,6 +92,8 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         self._is_chief, self._num_processes = is_chief, num_processes
         devices = parallel.local_devices(settings.num_devices)
         builder.validate(num_processes * len(devices))
+        if not is_chief:  # the chief alone keeps and reads checkpoints
+            start = LearnerStart(restored_counters=start.restored_counters)
         super().__init__(
             builder,
             spec,
@@ -100,7 +102,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
             name,
             devices,
             settings,
-            start.checkpoint_dir if is_chief else None,
+            start.checkpoint_dir,
             start.restored_counters,
         )
         self._noise_key = jax.random.fold_in(jax.random.PRNGKey(seed), 2**20)
@@ -108,9 +110,7 @@ class SyncLearnerNode(replay_learner.ReplayLearnerNode):
         self.rollbacks = 0
         # Which checkpoint this incarnation started from (-1: none); in its heartbeats.
         self._started_from = -1
-        self._place_state(
-            spec, seed, start.restore_step if is_chief else None, start.restored_counters
-        )
+        self._place_state(spec, seed, start.restore_step, start.restored_counters)
         # Held while the state is replaced or read for a checkpoint: a step
         # donates the old state's buffers, so a checkpoint must not read them then.
         self._state_lock = threading.Lock()
