@@ -65,6 +65,11 @@ class PPOConfig:
         kept by the learner and sent to actors with the parameters (useful for
         continuous control, whose observation scales differ by orders of magnitude).
       observation_clip: normalized observations are clipped to +-this.
+      reward_scale: rewards are multiplied by this before the learner's value targets
+        and advantages (Brax PPO's `reward_scaling`). Advantages are standardized per
+        minibatch anyway; what it changes is the value loss's scale, and with it how
+        much of each minibatch's clipped gradient norm the value network takes. Returns
+        that the console, metrics and evaluations report stay unscaled.
       queue_batches: the trajectory queue holds this many learner batches.
         A full queue blocks actors, so they run at most about this many
         parameter versions ahead of the learner, plus the batches the learner
@@ -99,6 +104,7 @@ class PPOConfig:
     kl_target: float = 0.0
     normalize_observations: bool = False
     observation_clip: float = 10.0
+    reward_scale: float = 1.0
     queue_batches: int = 2
     precision: str = "fp32"
 
@@ -134,6 +140,7 @@ class PPOConfig:
                 "rho_bar",
                 "c_bar",
                 "observation_clip",
+                "reward_scale",
                 "queue_batches",
             ),
             non_negative=(

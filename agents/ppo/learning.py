@@ -272,7 +272,7 @@ def _learning_steps(
     ended = traj.terminated | traj.truncated
     chunk_targets = functools.partial(vtrace_gae, discount=cfg.discount, lam=cfg.gae_lambda)
     targets, advantages = jax.vmap(chunk_targets)(
-        values, traj.reward, traj.terminated, ended, rhos, cs, rhos
+        values, traj.reward * cfg.reward_scale, traj.terminated, ended, rhos, cs, rhos
     )
     steps = _Steps(
         observation=_flat(observations[:, :length]),

@@ -300,6 +300,28 @@ def test_continuous_update_normalizes_observations_by_the_batch():
     assert float(state.obs_stats.count) == pytest.approx(len(observed) + 1e-4)
 
 
+def _rewards_times(batch: builder_lib.SampledBatch, factor: float) -> builder_lib.SampledBatch:
+    return batch._replace(data=batch.data._replace(reward=batch.data.reward * factor))
+
+
+def test_a_reward_scale_trains_as_rewards_multiplied_by_it():
+    # The config's scale and the same scale applied to the data give one update; with
+    # rewards of 1 per step, a scale of 0.05 changes the value network's update.
+    scaled = dataclasses.replace(TINY, reward_scale=0.05)
+    by_config, _ = _train(scaled, lambda b, p, i: _batch(b, CARTPOLE, p, seed=i), num_devices=1)
+    by_data, _ = _train(
+        TINY, lambda b, p, i: _rewards_times(_batch(b, CARTPOLE, p, seed=i), 0.05), num_devices=1
+    )
+    unscaled, _ = _train(TINY, lambda b, p, i: _batch(b, CARTPOLE, p, seed=i), num_devices=1)
+    chex.assert_trees_all_close(by_config.params, by_data.params, atol=1e-6)
+    value_changes = jax.tree.map(
+        lambda a, b: float(jnp.max(jnp.abs(a - b))),
+        by_config.params["params"]["value_mlp"],
+        unscaled.params["params"]["value_mlp"],
+    )
+    assert max(jax.tree.leaves(value_changes)) > 1e-4
+
+
 @pytest.mark.parametrize(
     "overrides, devices, message",
     [
@@ -309,6 +331,7 @@ def test_continuous_update_normalizes_observations_by_the_batch():
         ({"gae_lambda": 1.5}, 1, "config.gae_lambda must lie in [0, 1]"),
         ({"precision": "fp16"}, 1, "config.precision must be one of"),
         ({"kl_target": -1.0}, 1, "config.kl_target must not be negative"),
+        ({"reward_scale": 0.0}, 1, "config.reward_scale must be positive"),
     ],
 )
 def test_bad_configs_are_rejected_naming_the_setting(overrides, devices, message):
