@@ -20,36 +20,11 @@ seed; nothing is asserted.
 """
 
 import argparse
-import json
 import time
 
 import gymnasium as gym
-import numpy as np
 import sbx
-from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.evaluation import evaluate_policy
-
-
-class _Evaluations(BaseCallback):
-    """Evaluates every `every` env steps; keeps the first wall time at `target`."""
-
-    def __init__(self, env_id: str, every: int, episodes: int, target: float | None, seed: int):
-        super().__init__()
-        self.eval_env = gym.make(env_id)
-        self.eval_env.reset(seed=seed + 10_000)
-        self.every, self.episodes, self.target = every, episodes, target
-        self.start = time.monotonic()
-        self.curve: list[tuple[int, float, float]] = []
-        self.reached: dict | None = None
-
-    def _on_step(self) -> bool:
-        if self.every and self.num_timesteps % self.every == 0:
-            mean, _ = evaluate_policy(self.model, self.eval_env, self.episodes, deterministic=True)
-            seconds = time.monotonic() - self.start
-            self.curve.append((self.num_timesteps, round(seconds, 1), float(mean)))
-            if self.reached is None and self.target is not None and mean >= self.target:
-                self.reached = {"env_steps": self.num_timesteps, "seconds": round(seconds, 1)}
-        return True
+from sb3_evaluations import Evaluations, run_seeds
 
 
 def run(args: argparse.Namespace, seed: int) -> dict:
@@ -57,11 +32,11 @@ def run(args: argparse.Namespace, seed: int) -> dict:
     # SBX's own default step size unless the zoo names one.
     step_size = {} if args.learning_rate is None else {"learning_rate": args.learning_rate}
     model = sbx.SAC("MlpPolicy", env, learning_starts=args.learning_starts, seed=seed, **step_size)
-    evaluations = _Evaluations(args.env, args.eval_every, args.eval_episodes, args.target, seed)
+    evaluations = Evaluations(args.env, args.eval_every, args.eval_episodes, args.target, seed)
     start = time.monotonic()
     model.learn(total_timesteps=args.steps, callback=evaluations)
     seconds = time.monotonic() - start
-    final, _ = evaluate_policy(model, evaluations.eval_env, args.eval_episodes, deterministic=True)
+    final = evaluations.evaluate()
     return {
         "peer": f"sbx {sbx.__version__} SAC",
         "env": args.env,
@@ -69,7 +44,7 @@ def run(args: argparse.Namespace, seed: int) -> dict:
         "steps": args.steps,
         "learning_starts": args.learning_starts,
         "learning_rate": model.learning_rate,
-        "final_return": float(final),
+        "final_return": final,
         "wall_s": round(seconds, 1),
         "env_steps_per_s": round(args.steps / seconds, 1),
         "reached_target": evaluations.reached,
@@ -88,13 +63,7 @@ def main() -> None:
     parser.add_argument("--eval_episodes", type=int, default=10)
     parser.add_argument("--target", type=float, default=None, help="the reference return")
     args = parser.parse_args()
-    finals = []
-    for seed in (int(s) for s in args.seeds.split(",")):
-        result = run(args, seed)
-        finals.append(result["final_return"])
-        print(json.dumps(result), flush=True)
-    print(json.dumps({"bench": "sbx_sac", "env": args.env, "finals": finals,
-                      "mean": float(np.mean(finals))}))  # fmt: skip
+    run_seeds("sbx_sac", args, run)
 
 
 if __name__ == "__main__":
