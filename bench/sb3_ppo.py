@@ -22,21 +22,27 @@ import torch
 from sb3_evaluations import Evaluations, run_seeds
 from stable_baselines3.common.env_util import make_vec_env
 
-# rl-baselines3-zoo, hyperparams/ppo.yml, LunarLander-v2.
-ZOO_LUNARLANDER = {
-    "n_steps": 1024,
-    "batch_size": 64,
-    "gae_lambda": 0.98,
-    "gamma": 0.999,
-    "n_epochs": 4,
-    "ent_coef": 0.01,
+# rl-baselines3-zoo, hyperparams/ppo.yml, by env: (n_envs, PPO's arguments). Only the envs
+# whose zoo settings are written here run: another env would run these under its name.
+ZOO_SETTINGS = {
+    "LunarLander-v2": (
+        16,
+        {
+            "n_steps": 1024,
+            "batch_size": 64,
+            "gae_lambda": 0.98,
+            "gamma": 0.999,
+            "n_epochs": 4,
+            "ent_coef": 0.01,
+        },
+    ),
 }
-ZOO_ENVS = 16
 
 
 def run(args: argparse.Namespace, seed: int) -> dict:
-    env = make_vec_env(args.env, n_envs=ZOO_ENVS, seed=seed)
-    model = stable_baselines3.PPO("MlpPolicy", env, seed=seed, device="cpu", **ZOO_LUNARLANDER)
+    num_envs, settings = ZOO_SETTINGS[args.env]
+    env = make_vec_env(args.env, n_envs=num_envs, seed=seed)
+    model = stable_baselines3.PPO("MlpPolicy", env, seed=seed, device="cpu", **settings)
     evaluations = Evaluations(args.env, args.eval_every, args.eval_episodes, None, seed)
     start = time.monotonic()
     model.learn(total_timesteps=args.steps, callback=evaluations)
@@ -56,14 +62,15 @@ def run(args: argparse.Namespace, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="LunarLander-v2")
+    parser.add_argument("--env", default="LunarLander-v2", choices=sorted(ZOO_SETTINGS))
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--eval_every", type=int, default=100_000, help="0: none during the run")
     parser.add_argument("--eval_episodes", type=int, default=10)
     args = parser.parse_args()
-    if args.eval_every % ZOO_ENVS:
-        parser.error(f"--eval_every must be a multiple of the {ZOO_ENVS} envs")
+    num_envs = ZOO_SETTINGS[args.env][0]
+    if args.eval_every % num_envs:
+        parser.error(f"--eval_every must be a multiple of the {num_envs} envs")
     run_seeds("sb3_ppo", args, run)
 
 
