@@ -15,6 +15,7 @@ PPO_PRESETS = (
     "mujoco",
     "mpe",
     "minatar",
+    "minatar_gymnax",
 )
 _ATARI_CHANGES = (
     "CleanRL's Atari PPO: Nature torso, 128-step chunks, 4 epochs x 4 minibatches, clip 0.1, "
@@ -46,6 +47,12 @@ PPO_PRESET_INFO = {
         "MinAtar (gymnax), [10, 10, C] grids",
         "one 16x3x3 conv then 128 units, 128-step chunks, batch of 8 chunks, 4 epochs x 8 "
         "minibatches, lr 3e-4, clip 0.2, entropy 0.01, 1M env steps",
+    ),
+    "minatar_gymnax": (
+        "MinAtar (gymnax), [10, 10, C] grids",
+        "gymnax-blines' MinAtar PPO (its checkpoints' settings): 256x256 ReLU MLPs on the "
+        "flattened grid, 64 envs x 128 steps, 4 epochs x 8 minibatches, lr 5e-4, gamma "
+        "0.999, clip 0.2 (value too), 10M env steps",
     ),
 }
 
@@ -162,6 +169,35 @@ def _minatar() -> tuple[ppo.PPOConfig, dict[str, Any]]:
     return config, {"num_actors": 2, "num_envs_per_actor": 8, "total_env_steps": 1_000_000}
 
 
+def _minatar_gymnax() -> tuple[ppo.PPOConfig, dict[str, Any]]:
+    # gymnax-blines' agents/<Game>-MinAtar/ppo.yaml (commit 15b76af), the settings its
+    # published checkpoints were trained with, so that ours can be set beside them at
+    # their budget: separate 256x256 ReLU MLPs on the flattened grid, 64 envs of
+    # 128-step rollouts per update, constant lr 5e-4 (its warmup goes from 5e-4 to
+    # 5e-4), value clipping at the policy's clip. One actor of 64 envs: its batch is
+    # those 64 chunks, as in Anakin's one rollout per update.
+    config = dataclasses.replace(
+        ppo.PPOConfig(),
+        torso="mlp",
+        hidden_sizes=(256, 256),
+        activation="relu",
+        discount=0.999,
+        gae_lambda=0.95,
+        trajectory_length=128,
+        batch_size=64,
+        num_actors=1,
+        num_epochs=4,
+        num_minibatches=8,
+        learning_rate=5e-4,
+        clip_epsilon=0.2,
+        value_clip_epsilon=0.2,
+        value_coef=0.5,
+        entropy_coef=0.01,
+        max_grad_norm=0.5,
+    )
+    return config, {"num_actors": 1, "num_envs_per_actor": 64, "total_env_steps": 10_000_000}
+
+
 def ppo_preset(name: str) -> tuple[ppo.PPOConfig, dict[str, Any]]:
     """PPO config and experiment settings of preset `name` (not `auto`)."""
     if name == "default":
@@ -172,6 +208,8 @@ def ppo_preset(name: str) -> tuple[ppo.PPOConfig, dict[str, Any]]:
         return _mpe()
     if name == "minatar":
         return _minatar()
+    if name == "minatar_gymnax":
+        return _minatar_gymnax()
     if name in _ATARI_PULL_INTERVAL:
         return _atari(name)
     if name == "pendulum":
