@@ -9,6 +9,7 @@ import pytest
 
 from agents import registry
 from agents.dqn import networks as dqn_networks
+from agents.ppo import networks as ppo_networks
 from gorila_jax import env_api, envs
 from gorila_jax.run import experiment
 from launch import families, presets
@@ -101,6 +102,29 @@ def test_every_minatar_game_gets_the_minatar_presets(game):
     spec = envs.env_spec(f"gymnax/{game}-MinAtar")
     assert families.family(spec) == "grid"
     assert {presets.auto_preset(agent, spec) for agent in ("dqn", "qrdqn", "ppo")} == {"minatar"}
+
+
+@pytest.mark.parametrize("game", ["Asterix", "Breakout", "Freeway", "Seaquest", "SpaceInvaders"])
+def test_gymnax_blines_minatar_preset_runs_as_it_is_in_anakin(game, tmp_path):
+    # Its settings are gymnax-blines' (one actor of 64 envs, one batch of their 64 chunks):
+    # Anakin on one device takes them without a flag changed, and its MLPs take the grid
+    # flattened.
+    spec = envs.env_spec(f"gymnax/{game}-MinAtar")
+    config, settings = registry.AGENTS["ppo"].preset("minatar_gymnax")
+    builder = registry.AGENTS["ppo"].builder(config)
+    cfg = experiment.ExperimentConfig(
+        logdir=str(tmp_path),
+        seed=0,
+        env_id=spec.env_id,
+        launcher="anakin",
+        num_learner_devices=1,
+        **settings,
+    )
+    experiment.check_run(builder, cfg)
+    network = ppo_networks.make_network(spec, config.hidden_sizes, config.torso, config.activation)
+    params = network.init(jax.random.key(0), np.zeros((2, *spec.observation_shape), np.float32))
+    flat = int(np.prod(spec.observation_shape))
+    assert {leaf.shape for leaf in jax.tree.leaves(params)} >= {(flat, 256), (256, 256)}
 
 
 @pytest.mark.parametrize(
