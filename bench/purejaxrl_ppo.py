@@ -45,8 +45,8 @@ EVAL_EPISODES = 10
 
 def peer_side(seed: int) -> dict:
     """PureJaxRL's `make_train`, compiled then run; its final parameters evaluated greedily."""
+    import gymnax_episodes  # noqa: PLC0415  beside this script
     import jax  # noqa: PLC0415
-    import jax.numpy as jnp  # noqa: PLC0415
 
     sys.path.insert(0, os.path.join(_PUREJAXRL.value, "purejaxrl"))
     import gymnax  # noqa: PLC0415
@@ -80,25 +80,14 @@ def peer_side(seed: int) -> dict:
     env, env_params = gymnax.make(_ENV.value)
     network = ppo.ActorCritic(env.action_space(env_params).n, activation="tanh")
 
-    @jax.jit
-    def greedy_returns(key):
-        keys = jax.random.split(key, EVAL_EPISODES)
-        obs, state = jax.vmap(env.reset, in_axes=(0, None))(keys, env_params)
+    def greedy(obs, _key):
+        # Its training flattens observations (FlattenObservationWrapper): MinAtar's grids.
+        pi, _ = network.apply(params, obs.reshape(obs.shape[0], -1))
+        return pi.mode()
 
-        def step(carry, _):
-            obs, state, key, returns, running = carry
-            key, step_key = jax.random.split(key)
-            # Its training flattens observations (FlattenObservationWrapper): MinAtar's grids.
-            pi, _ = network.apply(params, obs.reshape(EVAL_EPISODES, -1))
-            obs, state, reward, done, _ = jax.vmap(env.step, in_axes=(0, 0, 0, None))(
-                jax.random.split(step_key, EVAL_EPISODES), state, pi.mode(), env_params
-            )
-            returns = returns + reward * running
-            return (obs, state, key, returns, running & ~done), None
-
-        carry = (obs, state, key, jnp.zeros(EVAL_EPISODES), jnp.ones(EVAL_EPISODES, bool))
-        carry, _ = jax.lax.scan(step, carry, None, env_params.max_steps_in_episode)
-        return carry[3]
+    greedy_returns = jax.jit(
+        lambda key: gymnax_episodes.episode_returns(env, env_params, greedy, key, EVAL_EPISODES)
+    )
 
     returns = greedy_returns(jax.random.PRNGKey(seed + 1))
     steps = config["TOTAL_TIMESTEPS"] // (NUM_ENVS * NUM_STEPS) * NUM_ENVS * NUM_STEPS
