@@ -65,12 +65,14 @@ def evaluate(game: str, args: argparse.Namespace) -> dict:
     def sampled(obs, key):
         return jax.random.categorical(key, actor_logits(params, obs))
 
-    def returns(act, seed: int, episodes: int) -> list[float]:
+    def player(act, episodes: int):
+        # Compiled once, played for every seed.
         play = jax.jit(lambda key: episode_returns(env, env_params, act, key, episodes))
-        return [float(r) for r in play(jax.random.PRNGKey(seed))]
+        return lambda seed: [float(r) for r in play(jax.random.PRNGKey(seed))]
 
-    greedy_means = [float(np.mean(returns(greedy, s, args.episodes))) for s in args.seeds]
-    sampled_returns = returns(sampled, args.seeds[0], args.sampled_episodes)
+    play_greedy = player(greedy, args.episodes)
+    greedy_means = [float(np.mean(play_greedy(s))) for s in args.seeds]
+    sampled_returns = player(sampled, args.sampled_episodes)(args.seeds[0])
     return {
         "logged_last_return": float(saved["log_return"][-1]),
         "logged_last_env_steps": int(saved["log_steps"][-1]),

@@ -9,7 +9,6 @@ import pytest
 
 from agents import registry
 from agents.dqn import networks as dqn_networks
-from agents.ppo import networks as ppo_networks
 from gorila_jax import env_api, envs
 from gorila_jax.run import experiment
 from launch import families, presets
@@ -121,7 +120,7 @@ def test_gymnax_blines_minatar_preset_runs_as_it_is_in_anakin(game, tmp_path):
         **settings,
     )
     experiment.check_run(builder, cfg)
-    network = ppo_networks.make_network(spec, config.hidden_sizes, config.torso, config.activation)
+    network = builder._network(spec)  # the one the learner builds
     params = network.init(jax.random.key(0), np.zeros((2, *spec.observation_shape), np.float32))
     flat = int(np.prod(spec.observation_shape))
     assert {leaf.shape for leaf in jax.tree.leaves(params)} >= {(flat, 256), (256, 256)}
