@@ -52,3 +52,11 @@ def first_copy(stacked: Any) -> Any:
         if shard.index[0].start in (0, None):
             return shard.data[0]
     return stacked[0]  # row 0 lives on another host: what indexing gives
+
+
+def backends_started() -> bool:
+    """Whether JAX has started its backends (the CPU client's thread pool is then fixed).
+    Not public API in either set (`jax._src.xla_bridge`, present in 0.4.34 and 0.11)."""
+    from jax._src import xla_bridge  # noqa: PLC0415
+
+    return xla_bridge.backends_are_initialized()

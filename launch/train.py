@@ -29,7 +29,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from agents import registry
-from gorila_jax import config_checks, console, multiagent, tracking
+from gorila_jax import config_checks, console, multiagent, tracking, xla_cpu
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import experiment
 from gorila_jax.run import logdir as logdir_lib
@@ -260,6 +260,9 @@ def main(argv: list[str]) -> None:
         print("\n".join(lines), flush=True)
         return
     try:
+        if flags.FLAGS.xla_cpu_threads:
+            # Before the configs are made: importing gymnax already starts JAX's backends.
+            xla_cpu.limit_worker_threads(flags.FLAGS.xla_cpu_threads)
         config, exp_config, schedule_lines = _configs_and_schedules()
         checked = check_configs(make_builders(config), exp_config)
     except ValueError as error:

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from gorila_jax import compat, parallel
+from gorila_jax import compat, parallel, xla_cpu
 
 
 @pytest.fixture
@@ -71,3 +71,11 @@ def test_changed_leaves_are_copied_and_unchanged_ones_reused(devices):
     again = parallel.replicate_changed(new, old, copies, devices)
     assert again["opt"] is copies["opt"]
     np.testing.assert_array_equal(np.asarray(again["params"]), np.full((4, 3), 2.0))
+
+
+def test_this_jax_says_when_its_backends_started_and_names_its_cpu_pool(devices):
+    # What `xla_cpu` reads on either set: the summary's worker count and the refusal of a
+    # count that came too late both rest on them.
+    del devices  # the backends are running
+    assert compat.backends_started()
+    assert xla_cpu.worker_threads() >= 1

@@ -34,6 +34,7 @@ def test_skeleton_never_imports_agents_or_launch(path):
 LAYERS = (
     (
         "compat",
+        "xla_cpu",
         "types",
         "parallel",
         "precision",

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from gorila_jax import builder as builder_lib
-from gorila_jax import metrics, tracking
+from gorila_jax import metrics, tracking, xla_cpu
 from gorila_jax.distributed import launchers
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import driver, resume, signals, stopping, tasks
@@ -137,8 +137,14 @@ def run_checked(checked: CheckedRun, **launcher_options: Any) -> dict[str, Any]:
 
     Raises:
       logdir.LogdirInUse: another run holds `cfg.logdir`.
+      ValueError: `cfg.xla_cpu_threads` asks for another XLA:CPU pool than the one JAX
+        already runs in this process (`xla_cpu.limit_worker_threads`); nothing written.
     """
     cfg = checked.cfg
+    if cfg.xla_cpu_threads:
+        # Sized when JAX starts its backends: launch/train.py does it before anything
+        # starts them (importing gymnax does); here it is the same count or refused.
+        xla_cpu.limit_worker_threads(cfg.xla_cpu_threads)
     task = tasks.task_of(checked.builder, cfg)
     with logdir_lib.hold(cfg.logdir):
         previous = None if cfg.resume else logdir_lib.set_aside(cfg.logdir)
@@ -202,6 +208,7 @@ def _run(
         "evaluations": evaluations,
         "restarts": restarts,
         "resumed_from_learner_step": task.resumed_from(),
+        "xla_cpu_worker_threads": xla_cpu.worker_threads(),
         "experiment": dataclasses.asdict(cfg),
     }
     # Said in the summary, and the CLI exits non-zero: a run that never trained is not a

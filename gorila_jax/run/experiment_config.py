@@ -154,6 +154,14 @@ class ExperimentConfig(
         "call; more calls fewer times, the last call may run fewer.",
         check=POSITIVE,
     )
+    xla_cpu_threads: int = setting(
+        0,
+        "learner",
+        "Under launcher=anakin on CPU: XLA:CPU's worker threads in the run's process; 0 "
+        "keeps XLA's own count (one per core). 1 keeps a small loop on one thread, faster "
+        "there; a large one (big matrix products) is slower (docs/anakin.md).",
+        check=NON_NEGATIVE,
+    )
     tf32: bool = setting(
         LEARNER.tf32, "learner", "TensorFloat-32 matmuls on GPUs (faster, ~3 significant digits)."
     )

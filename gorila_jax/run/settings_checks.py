@@ -18,13 +18,11 @@ def check(cfg: Any) -> None:
     envs.check_env_id(cfg.env_id)
     _check_hosts(cfg)
     combinations.check_settings(cfg)
-    if cfg.launcher != "anakin" and cfg.anakin_iterations_per_call != _default(
-        cfg, "anakin_iterations_per_call"
-    ):
-        raise ValueError(
-            f"anakin_iterations_per_call={cfg.anakin_iterations_per_call} is for "
-            f"launcher=anakin, not {cfg.launcher}"
-        )
+    for name in ("anakin_iterations_per_call", "xla_cpu_threads"):
+        if cfg.launcher != "anakin" and getattr(cfg, name) != _default(cfg, name):
+            raise ValueError(
+                f"{name}={getattr(cfg, name)} is for launcher=anakin, not {cfg.launcher}"
+            )
     _check_replay(cfg)
     cfg.learner_settings()  # raises for learner settings that cannot work
     if cfg.heartbeat_timeout_s and cfg.heartbeat_timeout_s <= 2 * cfg.heartbeat_interval_s:

@@ -4,13 +4,18 @@ compiled loop, through the production path (`experiment.run_experiment`)."""
 import csv
 import dataclasses
 import math
+import os
+import subprocess
+import sys
 
+import jax
 import pytest
 
 from agents import dqn, ppo, sac
 from agents.dqn import presets as dqn_presets
 from agents.ppo import presets as ppo_presets
 from agents.sac import presets as sac_presets
+from gorila_jax import xla_cpu
 from gorila_jax.run import experiment
 
 ENV = "gymnax/CartPole-v1"
@@ -83,10 +88,24 @@ def _refusal(builder, cfg) -> str:
         ({"learner_mode": "gorila"}, "launcher=anakin does not take learner_mode=gorila"),
         ({"num_replay_shards": 2}, "does not take num_replay_shards > 1"),
         ({"launcher": "local", "anakin_iterations_per_call": 4}, "is for launcher=anakin"),
+        ({"launcher": "local", "xla_cpu_threads": 1}, "is for launcher=anakin"),
     ],
 )
 def test_what_anakin_cannot_run_is_refused_with_what_would(tmp_path, overrides, message):
     assert message in _refusal(*_ppo_cartpole(tmp_path, **overrides))
+
+
+def test_an_xla_thread_count_that_jax_already_runs_otherwise_is_refused(tmp_path):
+    jax.devices()  # JAX runs in this process: its pool cannot change now
+    running = xla_cpu.worker_threads()
+    assert running >= 1
+    logdir = tmp_path / "run"
+    builder, cfg = _ppo_cartpole(logdir, xla_cpu_threads=running + 1)
+    with pytest.raises(ValueError) as raised:
+        experiment.run_experiment(builder, cfg)
+    assert f"already runs {running} XLA:CPU worker threads" in str(raised.value)
+    assert "before any JAX computation" in str(raised.value)
+    assert not logdir.exists() or not any(logdir.iterdir())  # refused before it wrote
 
 
 def _dqn_cartpole(tmp_path, **overrides) -> tuple[dqn.DQNBuilder, experiment.ExperimentConfig]:
@@ -168,3 +187,19 @@ def test_a_resumed_off_policy_run_keeps_its_device_replay(tmp_path):
     made = third["learner_steps"] - second["learner_steps"]
     steps = third["env_steps"] - second["env_steps"]
     assert made == pytest.approx((steps - config.min_replay_size) * per_step, rel=0.15)
+
+
+def test_one_xla_worker_for_four_cpu_devices_is_refused_by_the_cli_with_the_reason():
+    # XLA:CPU keeps a worker per CPU device: tests/conftest.py's XLA_FLAGS make 4.
+    result = subprocess.run(
+        [sys.executable, "-m", "launch.train", "--agent=ppo", f"--env={ENV}"]
+        + ["--launcher=anakin", "--xla_cpu_threads=1", "--total_env_steps=1000"],
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert "started 4 worker threads instead: it keeps one per CPU device" in errors[0]

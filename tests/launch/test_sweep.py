@@ -39,7 +39,7 @@ GRID = ["--grid=config.learning_rate=1e-3,5e-4"]
 REPS = 500
 
 
-def _sweep(sweep_dir, *flags, train_flags=TINY_RUN) -> subprocess.CompletedProcess:
+def _sweep(sweep_dir, *flags, train_flags=TINY_RUN, env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "launch.sweep", f"--sweep_dir={sweep_dir}", *flags]
         + ["--", *train_flags],
@@ -47,6 +47,7 @@ def _sweep(sweep_dir, *flags, train_flags=TINY_RUN) -> subprocess.CompletedProce
         capture_output=True,
         text=True,
         timeout=1200,
+        env=env,
     )
 
 
@@ -211,8 +212,18 @@ def test_an_anakin_sweep_runs_each_seed_on_the_device_loop(tmp_path):
         "--env=gymnax/CartPole-v1",
         "--total_env_steps=8192",
         "--num_learner_devices=1",
+        "--xla_cpu_threads=1",
     ]
-    result = _sweep(tmp_path, "--seeds=2", "--launcher=anakin", train_flags=train_flags)
+    # One CPU device, as a user's machine has: XLA:CPU keeps a worker per CPU device, so
+    # the 4 that tests/conftest.py makes would refuse one worker (test_anakin.py).
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    one_device = {
+        **os.environ,
+        "XLA_FLAGS": " ".join(f for f in flags if "force_host_platform_device_count" not in f),
+    }
+    result = _sweep(
+        tmp_path, "--seeds=2", "--launcher=anakin", train_flags=train_flags, env=one_device
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(tmp_path / "sweep.json") as f:
         record = json.load(f)
@@ -223,6 +234,8 @@ def test_an_anakin_sweep_runs_each_seed_on_the_device_loop(tmp_path):
         with open(os.path.join(run["logdir"], "summary.json")) as f:
             summary = json.load(f)
         assert summary["experiment"]["launcher"] == "anakin"
+        # Each run's process started JAX with the one XLA:CPU worker it was asked for.
+        assert summary["xla_cpu_worker_threads"] == 1
         assert run["final_return"] == summary["final_eval_return"]
     first, second = sorted(runs, key=lambda run: run["process_start_unix"])
     assert second["process_start_unix"] >= first["process_start_unix"] + first["process_wall_s"]
