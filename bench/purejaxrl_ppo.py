@@ -8,7 +8,9 @@ reports its compile time, its training time after that, env steps/s over that tr
 time, and the final greedy return of 10 episodes (PureJaxRL's final parameters are
 evaluated here, by the argmax of its own network). Ours is `--launcher=anakin` through
 `experiment.run_experiment`, with no evaluations during the run (PureJaxRL has none):
-its compile time is the time to its first update, read from metrics.csv.
+its compile time is the time to its first update, read from metrics.csv. Ours runs with
+one XLA:CPU worker thread (`--xla_cpu_threads=1`, docs/anakin.md); PureJaxRL as its script
+does, unless `--peer_xla_cpu_threads=1` gives it the same.
 
   python3.12 -m venv /tmp/pjx-venv
   /tmp/pjx-venv/bin/pip install -r bench/purejaxrl-requirements.txt
@@ -38,6 +40,12 @@ _PEER_PYTHON = flags.DEFINE_string(
 )
 _PEER = flags.DEFINE_integer("peer_seed", None, "Internal: run PureJaxRL's side for this seed.")
 _ITERATIONS = flags.DEFINE_integer("anakin_iterations_per_call", 32, "Ours: per device call.")
+_THREADS = flags.DEFINE_integer(
+    "xla_cpu_threads", 1, "Ours: XLA:CPU's worker threads (--xla_cpu_threads; 0: XLA's own)."
+)
+_PEER_THREADS = flags.DEFINE_integer(
+    "peer_xla_cpu_threads", 0, "PureJaxRL's: 0 runs it as its script does; 1 as ours."
+)
 
 NUM_ENVS, NUM_STEPS, EPOCHS, MINIBATCHES = 4, 128, 4, 4
 EVAL_EPISODES = 10
@@ -47,6 +55,11 @@ def peer_side(seed: int) -> dict:
     """PureJaxRL's `make_train`, compiled then run; its final parameters evaluated greedily."""
     import gymnax_episodes  # noqa: PLC0415  beside this script
     import jax  # noqa: PLC0415
+
+    from gorila_jax import xla_cpu  # noqa: PLC0415  os and jax only: its venv has them
+
+    if _PEER_THREADS.value:
+        xla_cpu.limit_worker_threads(_PEER_THREADS.value)
 
     sys.path.insert(0, os.path.join(_PUREJAXRL.value, "purejaxrl"))
     import gymnax  # noqa: PLC0415
@@ -137,6 +150,7 @@ def our_side(seed: int) -> dict:
             eval_interval_s=0,
             eval_episodes=EVAL_EPISODES,
             anakin_iterations_per_call=_ITERATIONS.value,
+            xla_cpu_threads=_THREADS.value,
             log_interval_s=0.25,
         )
         summary = experiment.run_experiment(ppo.PPOBuilder(config), cfg)
@@ -166,11 +180,19 @@ def main(argv: list[str]) -> None:
         return
     if not _PUREJAXRL.value:
         raise app.UsageError("--purejaxrl_dir: PureJaxRL's checkout")
+    if _THREADS.value:
+        # Ours runs in this process: its pool is sized before anything here starts JAX.
+        from gorila_jax import xla_cpu  # noqa: PLC0415
+
+        xla_cpu.limit_worker_threads(_THREADS.value)
     runs: dict[str, list[dict]] = {"purejaxrl": [], "anakin": []}
     for seed in map(int, _SEEDS.value):
         peer = subprocess.run(
             [_PEER_PYTHON.value, os.path.abspath(__file__), f"--peer_seed={seed}"]
-            + [f"--{f}={flags.FLAGS[f].value}" for f in ("env", "total_env_steps")]
+            + [
+                f"--{f}={flags.FLAGS[f].value}"
+                for f in ("env", "total_env_steps", "peer_xla_cpu_threads")
+            ]
             + [f"--purejaxrl_dir={_PUREJAXRL.value}"],
             capture_output=True,
             text=True,
@@ -188,7 +210,17 @@ def main(argv: list[str]) -> None:
     for side, figures in medians.items():
         print(f"{side:>9} medians: {json.dumps(figures)}")
     print(f"anakin env steps/s over PureJaxRL's: {ratio:.2f}")
-    print(json.dumps({"medians": medians, "anakin_over_purejaxrl": ratio, "runs": runs}))
+    threads = {"anakin": _THREADS.value, "purejaxrl": _PEER_THREADS.value}
+    print(
+        json.dumps(
+            {
+                "medians": medians,
+                "anakin_over_purejaxrl": ratio,
+                "xla_cpu_threads": threads,
+                "runs": runs,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
