@@ -20,8 +20,9 @@ _POOL_THREAD = "tf_XLAEigen"
 
 
 def worker_threads() -> int | None:
-    """XLA:CPU's worker threads now, or None before JAX starts its backends or where the
-    threads' names cannot be read (no /proc)."""
+    """XLA:CPU's worker threads now, or None before JAX starts its backends, where the
+    threads' names cannot be read (no /proc), or where jaxlib does not name them (0.4.34:
+    every thread of the process is "python" there)."""
     if not compat.backends_started() or not os.path.isdir("/proc/self/task"):
         return None
     count = 0
@@ -31,7 +32,7 @@ def worker_threads() -> int | None:
                 count += comm.read().strip() == _POOL_THREAD
         except OSError:
             pass  # the thread ended meanwhile
-    return count
+    return count or None
 
 
 def limit_worker_threads(count: int) -> None:
@@ -40,8 +41,9 @@ def limit_worker_threads(count: int) -> None:
     Raises:
       ValueError: JAX's backends already run with another count (it is fixed when they
         start: set it before any JAX computation), `count` exceeds the cores this process
-        may use, this platform cannot set a thread's CPU affinity, or XLA's pool did not
-        follow it (a jaxlib that sizes it otherwise).
+        may use, this platform cannot set a thread's CPU affinity, the run is not on
+        XLA:CPU, or the pool cannot be counted (a jaxlib that does not name its threads)
+        or did not follow (fewer than the CPU devices, or a jaxlib that sizes it otherwise).
     """
     setting = f"xla_cpu_threads={count}"
     running = worker_threads()
@@ -74,6 +76,11 @@ def limit_worker_threads(count: int) -> None:
             f"{setting} is for runs on XLA:CPU; this one runs on {jax.default_backend()}"
         )
     started = worker_threads()
+    if started is None:
+        raise ValueError(
+            f"{setting}: this jaxlib ({jax.__version__}) does not name XLA:CPU's worker "
+            "threads, so the count cannot be checked (the default set's JAX does)"
+        )
     if started != count:
         devices = len(jax.devices("cpu"))
         why = (

@@ -2,6 +2,9 @@
 set): the learner's device layout through `gorila_jax.parallel`, on 4 CPU devices."""
 
 import contextlib
+import os
+import subprocess
+import sys
 import warnings
 
 import jax
@@ -73,9 +76,45 @@ def test_changed_leaves_are_copied_and_unchanged_ones_reused(devices):
     np.testing.assert_array_equal(np.asarray(again["params"]), np.full((4, 3), 2.0))
 
 
-def test_this_jax_says_when_its_backends_started_and_names_its_cpu_pool(devices):
+def test_this_jax_says_when_its_backends_started_and_whether_its_cpu_pool_can_be_counted(
+    devices,
+):
     # What `xla_cpu` reads on either set: the summary's worker count and the refusal of a
     # count that came too late both rest on them.
     del devices  # the backends are running
     assert compat.backends_started()
-    assert xla_cpu.worker_threads() >= 1
+    if compat.JAX_VERSION >= (0, 8, 0):
+        assert xla_cpu.worker_threads() >= 1  # named tf_XLAEigen
+    else:
+        assert xla_cpu.worker_threads() is None  # 0.4.34 names no thread
+
+
+def test_one_xla_worker_is_started_or_refused_with_the_reason_on_this_jax():
+    # A fresh process with one CPU device (no forced devices: XLA keeps a worker per device).
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    env = {
+        **os.environ,
+        "XLA_FLAGS": " ".join(f for f in flags if "force_host_platform_device_count" not in f),
+    }
+    program = (
+        "from gorila_jax import xla_cpu\n"
+        "try:\n"
+        "    xla_cpu.limit_worker_threads(1)\n"
+        "    print('workers', xla_cpu.worker_threads())\n"
+        "except ValueError as error:\n"
+        "    print('refused', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    said = result.stdout.strip().splitlines()[-1]
+    if compat.JAX_VERSION >= (0, 8, 0):
+        assert said == "workers 1"
+    else:
+        assert said.startswith("refused") and "does not name XLA:CPU's worker threads" in said

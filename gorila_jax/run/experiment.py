@@ -208,9 +208,11 @@ def _run(
         "evaluations": evaluations,
         "restarts": restarts,
         "resumed_from_learner_step": task.resumed_from(),
-        "xla_cpu_worker_threads": xla_cpu.worker_threads(),
         "experiment": dataclasses.asdict(cfg),
     }
+    if cfg.launcher == "anakin":
+        # This process is where an Anakin run computes; other launchers' nodes have theirs.
+        summary["xla_cpu_worker_threads"] = xla_cpu.worker_threads()
     # Said in the summary, and the CLI exits non-zero: a run that never trained is not a
     # result, whatever its final return; nor is one that could not save its end.
     if stop_failure:
