@@ -93,6 +93,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def one_cpu_device_env():
+    """The environment for a child process with one CPU device, as a user's machine has:
+    this file's XLA_FLAGS without the 4 forced host devices (XLA:CPU keeps a worker per
+    CPU device, so `--xla_cpu_threads=1` needs one)."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != _FAKE_DEVICES]
+    return {**os.environ, "XLA_FLAGS": " ".join(flags)}
+
+
+@pytest.fixture
 def ray_options():
     """Launcher options for a private Ray cluster; asserts it is gone afterwards."""
     import ray

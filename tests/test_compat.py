@@ -89,13 +89,7 @@ def test_this_jax_says_when_its_backends_started_and_whether_its_cpu_pool_can_be
         assert xla_cpu.worker_threads() is None  # 0.4.34 names no thread
 
 
-def test_one_xla_worker_is_started_or_refused_with_the_reason_on_this_jax():
-    # A fresh process with one CPU device (no forced devices: XLA keeps a worker per device).
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    env = {
-        **os.environ,
-        "XLA_FLAGS": " ".join(f for f in flags if "force_host_platform_device_count" not in f),
-    }
+def test_one_xla_worker_is_started_or_refused_with_the_reason_on_this_jax(one_cpu_device_env):
     program = (
         "from gorila_jax import xla_cpu\n"
         "try:\n"
@@ -107,7 +101,7 @@ def test_one_xla_worker_is_started_or_refused_with_the_reason_on_this_jax():
     result = subprocess.run(
         [sys.executable, "-c", program],
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        env=env,
+        env=one_cpu_device_env,
         capture_output=True,
         text=True,
         timeout=120,

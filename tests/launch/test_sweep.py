@@ -206,7 +206,7 @@ def test_a_failed_run_is_reported_and_the_sweep_goes_on_then_exits_non_zero(tmp_
     assert record["groups"][fits]["num_finished"] == 1
 
 
-def test_an_anakin_sweep_runs_each_seed_on_the_device_loop(tmp_path):
+def test_an_anakin_sweep_runs_each_seed_on_the_device_loop(tmp_path, one_cpu_device_env):
     train_flags = [
         "--agent=ppo",
         "--env=gymnax/CartPole-v1",
@@ -214,15 +214,9 @@ def test_an_anakin_sweep_runs_each_seed_on_the_device_loop(tmp_path):
         "--num_learner_devices=1",
         "--xla_cpu_threads=1",
     ]
-    # One CPU device, as a user's machine has: XLA:CPU keeps a worker per CPU device, so
-    # the 4 that tests/conftest.py makes would refuse one worker (test_anakin.py).
-    flags = os.environ.get("XLA_FLAGS", "").split()
-    one_device = {
-        **os.environ,
-        "XLA_FLAGS": " ".join(f for f in flags if "force_host_platform_device_count" not in f),
-    }
+    # One CPU device: the 4 that tests/conftest.py makes would refuse one worker.
     result = _sweep(
-        tmp_path, "--seeds=2", "--launcher=anakin", train_flags=train_flags, env=one_device
+        tmp_path, "--seeds=2", "--launcher=anakin", train_flags=train_flags, env=one_cpu_device_env
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(tmp_path / "sweep.json") as f:
