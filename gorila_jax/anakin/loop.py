@@ -8,7 +8,8 @@ from it (`Learning`) through the learner's guarded update (`step.make_step`): an
 on-policy agent's batch is the rollout itself (`on_policy`), an off-policy agent's
 transitions go into a replay on the device and it samples its updates from there
 (`off_policy`). A device call runs `iterations` of them (`lax.scan`), the last ones
-skipped where the budget ends first.
+skipped where the budget ends first; it reports the metrics of the last one that updated,
+and an on-policy call does not compute the others'.
 
 The envs are laid out as the distributed run's actors hold them: `num_actors` actors of
 `num_envs_per_actor` envs, `num_actors / D` actors to each of the D devices; each actor's
@@ -161,6 +162,9 @@ class Learning(NamedTuple):
 
     learn: Callable
     initial: Callable[[jax.Array], Any]  # a device's key -> its `kept` at the start
+    # Every iteration updates (on-policy): the call reports its last active iteration's
+    # metrics, and the iterations before it skip computing theirs (`make_call`).
+    updates_every_iteration: bool = False
 
 
 def on_policy(update: Callable, layout: Layout) -> Learning:
@@ -176,7 +180,7 @@ def on_policy(update: Callable, layout: Layout) -> Learning:
         state, guard, info, _ = update(state, guard, batch)
         return state, guard, kept, info.metrics, jnp.ones((), jnp.int32)
 
-    return Learning(learn, lambda key: ())
+    return Learning(learn, lambda key: (), updates_every_iteration=True)
 
 
 class OffPolicyKept(NamedTuple):
@@ -357,9 +361,20 @@ def make_call(
             shapes = jax.eval_shape(lambda c: iterate(c, first_version)[1], carry)
             return carry, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
+        def unreported(carry, version):
+            # Only the last iteration's metrics leave the call: with these zeros instead,
+            # XLA leaves out what only the metrics need (PPO's per-actor KL pass: 4 % of
+            # an iteration on Breakout-MinAtar, docs/benchmarks.md).
+            carry, (metrics, *rest) = iterate(carry, version)
+            return carry, (jax.tree.map(jnp.zeros_like, metrics), *rest)
+
         def body(carry, index):
             version = first_version + index
-            return jax.lax.cond(index < active, iterate, skipped, carry, version)
+            if not learning.updates_every_iteration:
+                # Which iteration updates last is known only as they run: all report.
+                return jax.lax.cond(index < active, iterate, skipped, carry, version)
+            branch = jnp.where(index < active - 1, 0, jnp.where(index < active, 1, 2))
+            return jax.lax.switch(branch, [unreported, iterate, skipped], carry, version)
 
         carry, (metrics, finished, env_steps, updates) = jax.lax.scan(
             body, carry, jnp.arange(iterations, dtype=jnp.int32)
