@@ -11,6 +11,7 @@ env steps, episodes and their returns as an actor does.
 import dataclasses
 import logging
 import math
+import time
 from typing import Any
 
 import jax
@@ -28,6 +29,8 @@ from gorila_jax.learning import sync_learner
 # The checkpoint file beside the agent's state that keeps an off-policy agent's device
 # replay, its envs' last steps, its owed updates and its sampling key.
 DEVICE_REPLAY = "device_replay"
+# The metric of the compiled loop's env steps per second (`AnakinNode._with_loop_rate`).
+LOOP_RATE = "loop_env_steps_per_s"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +181,11 @@ class AnakinNode(sync_learner.SyncLearnerNode):
         self._env_steps = int(counters.get("env_steps", 0))
         self._episodes = int(counters.get("episodes", 0))
         self._returns: list[float] = []
+        # The compiled loop's clock: from the end of the first device call (which compiles)
+        # to the end of the latest, and the env steps of the calls in between.
+        self._first_call_end: float | None = None
+        self._loop_s = 0.0
+        self._loop_env_steps = 0
         learns = learning(builder, spec, layout)
         self._call = parallel.pmap_step(
             loop.make_call(
@@ -221,6 +229,7 @@ class AnakinNode(sync_learner.SyncLearnerNode):
             finished, env_steps, updates = jax.device_get(
                 (out.finished_returns, out.env_steps, out.updates[0])
             )
+            self._time_call(int(env_steps.sum()))
             with self._params_lock:
                 self._steps += int(updates.sum())
                 self._published = out.published
@@ -231,10 +240,27 @@ class AnakinNode(sync_learner.SyncLearnerNode):
         if not updates.any():
             return True  # the replay is still filling
         self._last_batch_size = self._builder.batch_plan.batch_size
-        streak = self._finish_step(None, out.info)
+        streak = self._finish_step(None, self._with_loop_rate(out.info))
         if self._settings.max_nonfinite_steps and streak >= self._settings.max_nonfinite_steps:
             self._roll_back(streak)
         return True
+
+    def _time_call(self, env_steps: int) -> None:
+        now = time.perf_counter()
+        if self._first_call_end is None:
+            self._first_call_end = now
+            return
+        self._loop_s = now - self._first_call_end
+        self._loop_env_steps += env_steps
+
+    def _with_loop_rate(self, info: builder_lib.StepInfo) -> builder_lib.StepInfo:
+        """The step's metrics and `loop_env_steps_per_s`: this node's env steps per second
+        since its first device call (its compilation) ended, NaN until a second one has;
+        the training rate alone, where the run's env steps/s counts its start, compilation
+        and final evaluation too. The host's work between calls is in it."""
+        rate = self._loop_env_steps / self._loop_s if self._loop_s > 0 else math.nan
+        devices = len(self._devices)
+        return info._replace(metrics={**info.metrics, LOOP_RATE: np.full(devices, rate)})
 
     def _restore_kept(self, step: int) -> None:
         """An off-policy agent's device replay (and the steps it waits on) as checkpoint

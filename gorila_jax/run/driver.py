@@ -17,7 +17,7 @@ from gorila_jax.run import logdir as logdir_lib
 from gorila_jax.run.experiment_config import ExperimentConfig
 
 
-def _finite_or_none(value: Any) -> Any:
+def finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
@@ -48,7 +48,7 @@ def totals(snapshot: dict[str, Any], wall_time: float) -> dict[str, Any]:
         "wall_time_s": wall_time,
         "env_steps_per_s": snapshot["env_steps"] / wall_time,
         "learner_steps_per_s": snapshot["learner_steps"] / wall_time,
-        "mean_train_return": _finite_or_none(snapshot["mean_return"]),
+        "mean_train_return": finite_or_none(snapshot["mean_return"]),
     }
 
 

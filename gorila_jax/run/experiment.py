@@ -9,12 +9,14 @@ one module experiment scripts import.
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from typing import Any
 
 from gorila_jax import builder as builder_lib
 from gorila_jax import metrics, tracking, xla_cpu
+from gorila_jax.anakin import node as anakin_node
 from gorila_jax.distributed import launchers
 from gorila_jax.learning import checkpoint
 from gorila_jax.run import driver, resume, signals, stopping, tasks
@@ -213,6 +215,9 @@ def _run(
     if cfg.launcher == "anakin":
         # This process is where an Anakin run computes; other launchers' nodes have theirs.
         summary["xla_cpu_worker_threads"] = xla_cpu.worker_threads()
+        summary[anakin_node.LOOP_RATE] = driver.finite_or_none(
+            snapshot["metrics"].get(anakin_node.LOOP_RATE, math.nan)
+        )
     # Said in the summary, and the CLI exits non-zero: a run that never trained is not a
     # result, whatever its final return; nor is one that could not save its end.
     if stop_failure:

@@ -57,6 +57,12 @@ def test_ppo_solves_gymnax_cartpole_in_one_compiled_loop(tmp_path):
         kls = [float(row[f"kl/actor_{index}"]) for row in rows if row.get(f"kl/actor_{index}")]
         assert any(math.isfinite(kl) and kl >= 0 for kl in kls), (index, kls)
     assert (tmp_path / "curves.png").exists()
+    # The compiled loop's own rate leaves out compilation, the run's start and its final
+    # evaluation, which the whole run's env steps/s counts.
+    assert summary["loop_env_steps_per_s"] > summary["env_steps_per_s"] > 0
+    assert any(
+        float(row["loop_env_steps_per_s"]) > 0 for row in rows if row.get("loop_env_steps_per_s")
+    )
 
 
 def test_a_resumed_anakin_run_goes_on_from_its_checkpoint(tmp_path):
