@@ -139,6 +139,35 @@ def learning(
     )
 
 
+def device_program(
+    builder: builder_lib.AgentBuilder,
+    spec: types.EnvSpec,
+    layout: loop.Layout,
+    learns: loop.Learning,
+    iterations: int,
+    devices: list[jax.Device],
+    seed: int,
+    env_steps: int,
+) -> tuple[Any, Any, Any]:
+    """(the compiled device call, the devices' fresh envs, what each keeps between
+    iterations at the start), as the node runs them; `env_steps` so far draws the envs' keys."""
+    num_actors = layout.num_devices * layout.actors_per_device
+    call = parallel.pmap_step(
+        loop.make_call(builder, spec, layout, num_actors, iterations, learns),
+        devices,
+        out_axes=loop.OUT_AXES,
+        in_axes=loop.IN_AXES,
+    )
+    keys = parallel.per_device(loop.env_keys(seed, env_steps, len(devices)), devices)
+    envs = parallel.pmap_step(loop.make_reset(spec.env_id, layout), devices, donate_state=False)(
+        keys
+    )
+    kept = parallel.pmap_step(
+        lambda key: learns.initial(jax.random.fold_in(key, 1)), devices, donate_state=False
+    )(keys)
+    return call, envs, kept
+
+
 def _chunk_length(layout: builder_lib.ReplayLayout) -> int:
     """T of the agent's queue items (`types.Trajectory` of T steps), read off its codec."""
     item = layout.codec.decode(np.zeros((1, layout.codec.num_bytes), np.uint8))
@@ -186,26 +215,16 @@ class AnakinNode(sync_learner.SyncLearnerNode):
         self._first_call_end: float | None = None
         self._loop_s = 0.0
         self._loop_env_steps = 0
-        learns = learning(builder, spec, layout)
-        self._call = parallel.pmap_step(
-            loop.make_call(
-                builder, spec, layout, anakin.num_actors, anakin.iterations_per_call, learns
-            ),
+        self._call, self._envs, self._kept = device_program(
+            builder,
+            spec,
+            layout,
+            learning(builder, spec, layout),
+            anakin.iterations_per_call,
             self._devices,
-            out_axes=loop.OUT_AXES,
-            in_axes=loop.IN_AXES,
+            seed,
+            self._env_steps,
         )
-        keys = parallel.per_device(
-            loop.env_keys(seed, self._env_steps, len(self._devices)), self._devices
-        )
-        self._envs = parallel.pmap_step(
-            loop.make_reset(spec.env_id, layout), self._devices, donate_state=False
-        )(keys)
-        self._kept = parallel.pmap_step(
-            lambda key: learns.initial(jax.random.fold_in(key, 1)),
-            self._devices,
-            donate_state=False,
-        )(keys)
         if self._started_from >= 0:
             self._restore_kept(self._started_from)
 

@@ -1,4 +1,5 @@
-"""The Anakin device call (`gorila_jax/anakin/loop.py`) built as `AnakinNode` builds it."""
+"""The Anakin device call (`gorila_jax/anakin/loop.py`) as `AnakinNode` builds it
+(`node.device_program`)."""
 
 import jax
 import numpy as np
@@ -29,17 +30,11 @@ def _call_outputs(updates_every_iteration: bool, active: int):
     learning = node.learning(builder, spec, layout)
     assert learning.updates_every_iteration  # an on-policy agent's: one update an iteration
     learning = learning._replace(updates_every_iteration=updates_every_iteration)
-    call = parallel.pmap_step(
-        loop.make_call(builder, spec, layout, 2, ITERATIONS, learning),
-        devices,
-        out_axes=loop.OUT_AXES,
-        in_axes=loop.IN_AXES,
+    call, envs, kept = node.device_program(
+        builder, spec, layout, learning, ITERATIONS, devices, 0, 0
     )
     state = parallel.replicate(builder.init_train_state(jax.random.PRNGKey(0), spec), devices)
     guard = parallel.replicate(step_lib.init_guard(), devices)
-    keys = parallel.per_device(loop.env_keys(0, 0, 2), devices)
-    envs = parallel.pmap_step(loop.make_reset(ENV, layout), devices, donate_state=False)(keys)
-    kept = parallel.pmap_step(learning.initial, devices, donate_state=False)(keys)
     (state, *_), out = call((state, guard, envs, kept), 0, active)
     return jax.device_get(parallel.unreplicate(state)), jax.device_get(out)
 
